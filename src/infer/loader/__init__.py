@@ -1,0 +1,142 @@
+"""Turns ``--model`` (built-in name, ``.gguf`` file, HF directory or Hub id) into a model.
+
+The model is built on the ``meta`` device, materialised once on the target device in the
+target dtype, then filled from the checkpoint (or randomly for ``--load-format dummy``),
+with a progress bar and an error naming any missing, unexpected or misshapen tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm import tqdm
+
+from infer.config import ModelConfig
+from infer.loader.dummy import fill_dummy_weights
+from infer.loader.gguf import GGUFFile
+from infer.loader.presets import DEFAULT_MODEL, embedded_model_path, preset_config, preset_names
+from infer.loader.safetensors import SafetensorsCheckpoint, download_from_hub
+from infer.models import DecoderModel, model_class
+
+# Checkpoint tensors that are not weights of the text decoder.
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class ModelSource:
+    """Where a model's configuration, weights and tokenizer come from."""
+
+    name: str
+    kind: Literal["gguf", "safetensors", "preset"]
+    hf_config: dict[str, Any]
+    path: Path | None = None  # .gguf file or checkpoint directory
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        return self.path
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Find the model behind a ``--model`` value."""
+    if model == DEFAULT_MODEL:
+        model = str(embedded_model_path())
+    preset = preset_config(model)
+    if preset is not None:
+        return ModelSource(model, "preset", preset)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {path} does not exist")
+        return ModelSource(path.name, "gguf", GGUFFile(path).hf_config(), path)
+    if path.is_dir():
+        return ModelSource(path.name, "safetensors", SafetensorsCheckpoint(path).config, path)
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise FileNotFoundError(
+            f"model {model!r} is not a .gguf file, a checkpoint directory, a Hub id "
+            f"(owner/name) or a built-in name ({', '.join([DEFAULT_MODEL, *preset_names()])})"
+        )
+    directory = download_from_hub(model)
+    return ModelSource(model, "safetensors", SafetensorsCheckpoint(directory).config, directory)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int
+) -> DecoderModel:
+    """An uninitialised model with its storage on ``device`` (weights must be loaded next)."""
+    with torch.device("meta"), _default_dtype(dtype):
+        model = model_class(config)(config)
+    model.to_empty(device=device)
+    model.tie_weights()
+    model.init_rope(max_positions)
+    return model.eval()
+
+
+@torch.no_grad()
+def load_checkpoint(
+    model: DecoderModel, tensors: Iterator[tuple[str, torch.Tensor]], total: int, label: str
+) -> None:
+    """Copy every checkpoint tensor into ``model``; all expected tensors must appear."""
+    expected = model.expected_weights()
+    loaded: set[str] = set()
+    for name, tensor in tqdm(tensors, total=total, desc=f"Loading {label}", unit="tensor",
+                             leave=False):
+        if name.startswith(_SKIPPED_PREFIXES) or name.endswith(_SKIPPED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if not model.load_weight(name, tensor):
+            raise ValueError(f"tensor {name}: not a weight of {type(model).__name__}")
+        loaded.add(name)
+    missing = sorted(expected - loaded)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"tensor {missing[0]}: missing from the checkpoint{more}")
+
+
+def load_model(
+    source: ModelSource,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_positions: int,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> tuple[DecoderModel, ModelConfig]:
+    """Build ``source``'s model on ``device`` and fill its weights."""
+    config = ModelConfig.from_hf_dict(source.hf_config)
+    if source.kind == "preset" and load_format != "dummy":
+        raise ValueError(
+            f"load_format: preset {source.name!r} has shapes but no weights; "
+            "use --load-format dummy"
+        )
+    if load_format not in ("auto", "dummy", source.kind):
+        raise ValueError(f"load_format: {load_format!r} does not match {source.name} "
+                         f"(a {source.kind} model)")
+    model = build_model(config, device, dtype, max_positions)
+    if load_format == "dummy":
+        fill_dummy_weights(model, seed)
+    elif source.kind == "gguf":
+        assert source.path is not None
+        gguf_file = GGUFFile(source.path)
+        load_checkpoint(model, gguf_file.tensors(config.num_heads, config.num_kv_heads),
+                        gguf_file.num_tensors(), source.name)
+    else:
+        assert source.path is not None
+        checkpoint = SafetensorsCheckpoint(source.path)
+        load_checkpoint(model, checkpoint.tensors(), checkpoint.num_tensors(), source.name)
+    return model, config

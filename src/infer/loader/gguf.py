@@ -1,0 +1,157 @@
+"""GGUF files (llama.cpp): configuration from metadata, tensors dequantised by ``gguf``.
+
+llama.cpp renames tensors, interleaves the rotary halves of Llama's q/k projections and
+stores Gemma's norm weights as ``1 + w``; all three are undone here so the model sees
+Hugging Face names and layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+_ARCHES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+_TOP_LEVEL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm"}
+_IGNORED = ("rope_freqs.weight",)  # llama3 frequency table; recomputed from the config
+
+
+class GGUFFile:
+    """An opened GGUF file (memory-mapped)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.reader = GGUFReader(self.path)
+        arch = self.field("general.architecture")
+        if arch not in _ARCHES:
+            raise ValueError(
+                f"GGUF architecture {arch!r} is not supported; supported: {', '.join(_ARCHES)}"
+            )
+        self.arch: str = arch
+
+    def field(self, key: str, default: Any = None) -> Any:
+        entry = self.reader.fields.get(key)
+        if entry is None:
+            return default
+        if entry.types and entry.types[0] == GGUFValueType.ARRAY and len(entry.types) > 1:
+            if entry.types[1] != GGUFValueType.STRING:
+                return list(entry.contents())
+        return entry.contents()
+
+    def hf_config(self) -> dict[str, Any]:
+        """The metadata expressed as a Hugging Face ``config.json`` dictionary."""
+        a = self.arch
+        hidden = int(self.field(f"{a}.embedding_length"))
+        heads = int(self.field(f"{a}.attention.head_count"))
+        head_dim = int(self.field(f"{a}.attention.key_length", hidden // heads))
+        vocab = self.field(f"{a}.vocab_size") or len(self.reader.fields["tokenizer.ggml.tokens"].data)
+        tensor_names = {t.name for t in self.reader.tensors}
+        config: dict[str, Any] = {
+            "model_type": _ARCHES[a],
+            "hidden_size": hidden,
+            "intermediate_size": int(self.field(f"{a}.feed_forward_length")),
+            "num_hidden_layers": int(self.field(f"{a}.block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(self.field(f"{a}.attention.head_count_kv", heads)),
+            "head_dim": head_dim,
+            "vocab_size": int(vocab),
+            "rms_norm_eps": float(self.field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(self.field(f"{a}.rope.freq_base", 10_000.0)),
+            "max_position_embeddings": int(self.field(f"{a}.context_length", 8192)),
+            "tie_word_embeddings": "output.weight" not in tensor_names,
+            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
+        }
+        if "rope_freqs.weight" in tensor_names:
+            config["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": float(self.field(f"{a}.rope.scaling.factor", 8.0)),
+                "original_max_position_embeddings": int(
+                    self.field(f"{a}.rope.scaling.original_context_length", 8192)
+                ),
+            }
+        elif self.field(f"{a}.rope.scaling.type") == "linear":
+            config["rope_scaling"] = {
+                "rope_type": "linear", "factor": float(self.field(f"{a}.rope.scaling.factor")),
+            }
+        if a == "gemma3":
+            config.update(
+                sliding_window=int(self.field(f"{a}.attention.sliding_window", 512)),
+                sliding_window_pattern=6,
+                rope_local_base_freq=10_000.0,
+                query_pre_attn_scalar=head_dim,
+                hidden_activation="gelu_pytorch_tanh",
+            )
+        return config
+
+    def chat_template(self) -> str | None:
+        return self.field("tokenizer.chat_template")
+
+    def num_tensors(self) -> int:
+        return len(self.reader.tensors)
+
+    def tensors(self, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, float32 tensor)`` for every weight, dequantised."""
+        layer_names = _GEMMA_LAYER if self.arch == "gemma3" else _LAYER
+        for tensor in self.reader.tensors:
+            if tensor.name in _IGNORED:
+                continue
+            kind = tensor.tensor_type.name
+            if kind not in SUPPORTED_TYPES:
+                raise ValueError(
+                    f"tensor {tensor.name}: GGUF type {kind} is not supported "
+                    f"({', '.join(SUPPORTED_TYPES)})"
+                )
+            name = _hf_name(tensor.name, layer_names)
+            data = dequantize(tensor.data, tensor.tensor_type)
+            value = torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
+            if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                value = _unpermute_rotary(value, num_heads if "q_proj" in name else num_kv_heads)
+            if self.arch == "gemma3" and name.endswith("norm.weight"):
+                value = value - 1.0
+            yield name, value
+
+
+def _hf_name(gguf_name: str, layer_names: dict[str, str]) -> str:
+    if gguf_name in _TOP_LEVEL:
+        return _TOP_LEVEL[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
+    raise ValueError(f"tensor {gguf_name}: unknown GGUF tensor name")
+
+
+def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaving of each head's two rotary halves."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )

@@ -1,0 +1,247 @@
+"""Building blocks shared by the Llama, Qwen3 and Gemma 3 decoders.
+
+Every layer works on the flat token batch ``[T, hidden]`` and reaches the paged KV cache
+through ``AttentionMetadata``; which kernels run (torch or Triton) is decided by the ops.
+Projections that read the same input are fused (``qkv_proj``, ``gate_up_proj``) so a step
+issues fewer, larger matrix multiplications; ``load_weight`` maps Hugging Face names onto them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from infer.attention import AttentionMetadata, attend
+from infer.config import ModelConfig, RopeConfig
+from infer.kernels import apply_rope, fused_add_rms_norm, rms_norm
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``offset=1`` scales by ``1 + weight`` (Gemma). With ``residual`` it adds first."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Returns ``(normed, residual_out)``; without a residual, ``residual_out`` is ``x``."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps, self.offset), x
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)
+
+    def norm(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps, self.offset)
+
+
+class MergedLinear(nn.Linear):
+    """One linear layer holding several checkpoint projections stacked along the output."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in shards.items():
+            self.shard_offsets[name] = (start, size)
+            start += size
+
+    def load_shard(self, shard: str, param: str, tensor: Tensor) -> None:
+        start, size = self.shard_offsets[shard]
+        target = self.weight if param == "weight" else self.bias
+        assert target is not None
+        _copy_checked(target.data[start : start + size], tensor, f"{shard}.{param}")
+
+
+def _copy_checked(target: Tensor, tensor: Tensor, name: str) -> None:
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise ValueError(
+            f"tensor {name}: checkpoint shape {tuple(tensor.shape)} "
+            f"does not match the model's {tuple(target.shape)}"
+        )
+    target.copy_(tensor)
+
+
+def rope_cos_sin_cache(head_dim: int, max_positions: int, rope: RopeConfig) -> Tensor:
+    """``[max_positions, head_dim]`` float32 table: cos of each frequency, then sin."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if rope.rope_type == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.rope_type == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, rope)
+    t = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def _llama3_scaled(inv_freq: Tensor, rope: RopeConfig) -> Tensor:
+    """Llama 3.1 frequency scaling: long wavelengths slowed by ``factor``, a smooth band between."""
+    low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
+    high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Attention(nn.Module):
+    """Self-attention over the paged cache; optional per-head q/k RMSNorm (Qwen3, Gemma 3)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, qk_norm: bool, norm_offset: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
+            bias=config.attention_bias,
+        )
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
+        self.scale = (config.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.sliding_window = config.window_of_layer(layer_idx)
+        self.split = (q_size, kv_size, kv_size)
+        # Bound by the engine to this layer's slice of the block pool.
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def forward(self, x: Tensor, positions: Tensor, meta: AttentionMetadata, cos_sin: Tensor):
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm.norm(q), self.k_norm.norm(k)
+        q, k = apply_rope(q, k, positions, cos_sin)
+        assert self.k_cache is not None and self.v_cache is not None, "KV cache not bound"
+        out = attend(q, k, v, self.k_cache, self.v_cache, meta,
+                     scale=self.scale, sliding_window=self.sliding_window)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one projection."""
+
+    def __init__(self, hidden: int, intermediate: int, act: Callable[[Tensor], Tensor]):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(
+            hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias=False
+        )
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = act
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderModel(nn.Module):
+    """Embedding → decoder layers → final norm → LM head, over a flat token batch.
+
+    Subclasses supply the decoder layer and the family's details (norm offset, embedding
+    scale, activation). Parameter names follow Hugging Face checkpoints (``model.*``,
+    ``lm_head``) except for the fused projections, which ``load_weight`` resolves.
+    """
+
+    norm_offset = 0.0
+
+    rope_global: Tensor
+    rope_local: Tensor
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(
+            [self.make_layer(config, i) for i in range(config.num_layers)]
+        )
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head when the config ties them (again after
+        ``to_empty``, which gives every module its own storage)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_rope(self, max_positions: int) -> None:
+        """Build the RoPE tables (global, and local for Gemma's windowed layers) on the
+        weights' device; called once the model's storage exists."""
+        device = self.lm_head.weight.device
+        config = self.config
+        self.rope_global = rope_cos_sin_cache(config.head_dim, max_positions, config.rope).to(
+            device
+        )
+        local = config.local_rope or config.rope
+        self.rope_local = rope_cos_sin_cache(config.head_dim, max_positions, local).to(device)
+
+    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
+        raise NotImplementedError
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
+        """Hidden states ``[T, hidden]`` after the final norm."""
+        hidden = self.embed(input_ids)
+        residual: Tensor | None = None
+        for layer in self.model.layers:
+            cos_sin = self.rope_local if layer.self_attn.sliding_window else self.rope_global
+            hidden, residual = layer(hidden, residual, positions, meta, cos_sin)
+        hidden, _ = self.model.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
+
+    def bind_kv_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
+        """Point each layer at its slice of the pool ``[layers, blocks, Hkv, BS, D]``."""
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn.k_cache = k_cache[i]
+            layer.self_attn.v_cache = v_cache[i]
+
+    _fused = {
+        "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+        "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    }
+
+    def load_weight(self, name: str, tensor: Tensor) -> bool:
+        """Copy one checkpoint tensor (HF name) into the model; False if the name is unknown."""
+        parts = name.split(".")
+        if len(parts) >= 3 and parts[-2] in self._fused:
+            shard = parts[-2]
+            module = self.get_submodule(".".join([*parts[:-2], self._fused[shard]]))
+            assert isinstance(module, MergedLinear)
+            module.load_shard(shard, parts[-1], tensor)
+            return True
+        try:
+            target = self.get_parameter(name)
+        except AttributeError:
+            return False
+        _copy_checked(target.data, tensor, name)
+        return True
+
+    def expected_weights(self) -> set[str]:
+        """HF names the checkpoint must provide (fused projections expanded)."""
+        names: set[str] = set()
+        for param_name, _ in self.named_parameters():
+            parts = param_name.split(".")
+            module = self.get_submodule(".".join(parts[:-1]))
+            if isinstance(module, MergedLinear):
+                prefix = ".".join(parts[:-2])
+                names.update(f"{prefix}.{shard}.{parts[-1]}" for shard in module.shard_offsets)
+            else:
+                names.add(param_name)
+        if self.config.tie_word_embeddings:
+            names.discard("lm_head.weight")
+        return names

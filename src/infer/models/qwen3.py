@@ -1,0 +1,14 @@
+"""Qwen3: the Llama decoder with per-head RMSNorm on queries and keys before RoPE."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from infer.config import ModelConfig
+from infer.models.common import DecoderModel
+from infer.models.llama import LlamaDecoderLayer
+
+
+class Qwen3ForCausalLM(DecoderModel):
+    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
+        return LlamaDecoderLayer(config, layer_idx, qk_norm=True)
