@@ -43,39 +43,76 @@ class ScheduledSequence:
     token_ids: list[int]  # the tokens computed in this step
 
 
+@dataclass
+class HostBatch:
+    """A step's inputs as host arrays, before their single copy to the device."""
+
+    input_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    block_tables: np.ndarray  # [B, W]
+    seq_lens: np.ndarray  # [B]
+    query_start_loc: np.ndarray  # [B + 1]
+
+
+def host_batch(
+    seqs: list[ScheduledSequence],
+    block_size: int,
+    num_rows: int | None = None,
+    table_width: int | None = None,
+) -> HostBatch:
+    """Flatten scheduled sequences with numpy (no per-token Python work).
+
+    ``num_rows``/``table_width`` pad to fixed shapes (CUDA graphs): padding rows are one
+    token that is written nowhere (slot -1) and attends to one position of block 0.
+    """
+    rows = num_rows or len(seqs)
+    query_lens = np.ones(rows, dtype=np.int64)
+    query_lens[: len(seqs)] = [len(s.token_ids) for s in seqs]
+    computed = np.zeros(rows, dtype=np.int64)
+    computed[: len(seqs)] = [s.num_computed for s in seqs]
+    starts = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(query_lens, out=starts[1:])
+    total = int(starts[-1])
+    width = table_width or max(1, max((len(s.block_table) for s in seqs), default=1))
+    tables = np.zeros((rows, width), dtype=np.int64)
+    for row, s in enumerate(seqs):
+        tables[row, : len(s.block_table)] = s.block_table
+    owner = np.repeat(np.arange(rows), query_lens)
+    positions = np.arange(total, dtype=np.int64) - starts[:-1][owner] + computed[owner]
+    slots = tables[owner, positions // block_size] * block_size + positions % block_size
+    real = int(starts[len(seqs)])
+    slots[real:] = -1
+    input_ids = np.zeros(total, dtype=np.int64)
+    input_ids[:real] = [t for s in seqs for t in s.token_ids]
+    return HostBatch(input_ids, positions, slots, tables, computed + query_lens, starts)
+
+
 def build_metadata(
     seqs: list[ScheduledSequence], block_size: int, device: torch.device
 ) -> tuple[Tensor, AttentionMetadata]:
-    """Flatten scheduled sequences into input ids and metadata (numpy on the host, one copy).
-
-    Returns ``(input_ids [T], metadata)``.
-    """
-    query_lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=len(seqs))
-    computed = np.fromiter((s.num_computed for s in seqs), dtype=np.int64, count=len(seqs))
-    seq_lens = computed + query_lens
-    starts = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum(query_lens, out=starts[1:])
-    total = int(starts[-1])
-    width = max(1, max((len(s.block_table) for s in seqs), default=1))
-    tables = np.zeros((len(seqs), width), dtype=np.int64)
-    for row, s in enumerate(seqs):
-        tables[row, : len(s.block_table)] = s.block_table
-    owner = np.repeat(np.arange(len(seqs)), query_lens)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], query_lens)
-    positions += np.repeat(computed, query_lens)
-    slots = tables[owner, positions // block_size] * block_size + positions % block_size
-    input_ids = np.fromiter(
-        (t for s in seqs for t in s.token_ids), dtype=np.int64, count=total
+    """Input ids ``[T]`` and metadata of a step, copied to ``device`` in one transfer."""
+    host = host_batch(seqs, block_size)
+    total, rows = len(host.input_ids), len(host.seq_lens)
+    packed = np.concatenate(
+        [
+            host.input_ids,
+            host.positions,
+            host.slot_mapping,
+            host.block_tables.ravel(),
+            host.seq_lens,
+            host.query_start_loc,
+        ]
     )
-    host = np.concatenate([input_ids, positions, slots])
-    packed = torch.from_numpy(host).to(device, non_blocking=True)
+    dev = torch.from_numpy(packed).to(device, non_blocking=True)
+    tables_end = 3 * total + host.block_tables.size
     meta = AttentionMetadata(
-        positions=packed[total : 2 * total],
-        slot_mapping=packed[2 * total :],
-        block_tables=torch.from_numpy(tables.astype(np.int32)).to(device, non_blocking=True),
-        seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device, non_blocking=True),
-        query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(device, non_blocking=True),
-        max_query_len=int(query_lens.max(initial=0)),
-        max_seq_len=int(seq_lens.max(initial=0)),
+        positions=dev[total : 2 * total],
+        slot_mapping=dev[2 * total : 3 * total],
+        block_tables=dev[3 * total : tables_end].view(rows, -1).to(torch.int32),
+        seq_lens=dev[tables_end : tables_end + rows].to(torch.int32),
+        query_start_loc=dev[tables_end + rows :].to(torch.int32),
+        max_query_len=int(np.diff(host.query_start_loc).max(initial=0)),
+        max_seq_len=int(host.seq_lens.max(initial=0)),
     )
-    return packed[:total], meta
+    return dev[:total], meta

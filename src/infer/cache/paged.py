@@ -1,0 +1,213 @@
+"""Paged KV cache pool: one block tensor per layer, blocks handed to sequences on demand.
+
+Storage is ``k, v: [layers, num_blocks, kv_heads, block_size, head_dim]``; sequence ``s`` owns
+the blocks in ``page_tables[s]`` (logical order) and has ``seq_lens[s]`` computed tokens.
+With prefix caching, full blocks are indexed by content and shared between sequences with
+reference counts; a shared block is copied before it is written (copy-on-write).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from infer.cache.allocator import BlockAllocator
+from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
+from infer.cache.stats import CacheStats
+from infer.config import ModelConfig
+
+
+def allocate_kv_tensors(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[Tensor, Tensor]:
+    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+    return (
+        torch.zeros(shape, dtype=dtype, device=device),
+        torch.zeros(shape, dtype=dtype, device=device),
+    )
+
+
+class PagedKVCachePool:
+    """Block-allocated KV cache (satisfies ``CachePoolProtocol``)."""
+
+    backend = "paged"
+
+    def __init__(
+        self, k: Tensor, v: Tensor, block_size: int, use_prefix_caching: bool = False
+    ) -> None:
+        self.k, self.v = k, v
+        self.block_size = block_size
+        self.num_blocks = int(k.shape[1])
+        self.prefix = PrefixIndex() if use_prefix_caching else None
+        self.allocator = BlockAllocator(self.num_blocks, on_evict=self._forget_block)
+        self.page_tables: dict[int, list[int]] = {}
+        self.seq_lens: dict[int, int] = {}
+        self._block_keys: dict[int, list[BlockKey]] = {}  # keys of each sequence's indexed blocks
+        self._next_seq_id = 0
+
+    @classmethod
+    def from_model_config(
+        cls,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        use_prefix_caching: bool = False,
+    ) -> PagedKVCachePool:
+        k, v = allocate_kv_tensors(config, num_blocks, block_size, dtype, device)
+        return cls(k, v, block_size, use_prefix_caching)
+
+    def is_paged(self) -> bool:
+        return True
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    # --- sequence lifecycle ----------------------------------------------------------
+    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        keys = block_keys(token_ids, self.block_size) if self.prefix is not None else []
+        hits = self.prefix.lookup(keys) if self.prefix is not None else []
+        needed = max(self._blocks_for(initial_tokens) - len(hits), 0)
+        reclaimed = sum(1 for b in hits if self.allocator.ref_count(b) == 0)
+        if needed > self.allocator.num_free() - reclaimed:
+            raise RuntimeError(
+                f"Cannot allocate {needed} blocks: only "
+                f"{self.allocator.num_free() - reclaimed} free"
+            )
+        for block in hits:
+            self.allocator.share(block, owner=seq_id)
+        self.page_tables[seq_id] = hits + self.allocator.allocate(needed, owner=seq_id)
+        # At least one prompt token is always computed: its logits start the generation.
+        self.seq_lens[seq_id] = min(len(hits) * self.block_size, max(len(token_ids) - 1, 0))
+        self._block_keys[seq_id] = keys[: len(hits)]
+        return seq_id
+
+    def free_slot(self, seq_id: int) -> None:
+        blocks = self.page_tables.pop(seq_id)
+        del self.seq_lens[seq_id]
+        del self._block_keys[seq_id]
+        self.allocator.free(blocks, owner=seq_id)
+
+    def get_seq_len(self, seq_id: int) -> int:
+        return self.seq_lens[seq_id]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self.page_tables[seq_id]
+
+    def prepare_append(self, seq_id: int, num_tokens: int) -> bool:
+        table = self.page_tables[seq_id]
+        start = self.seq_lens[seq_id]
+        end = start + num_tokens
+        new_blocks = max(self._blocks_for(end) - len(table), 0)
+        first = start // self.block_size
+        shared = [
+            i
+            for i in range(first, min(len(table), self._blocks_for(end)))
+            if self._is_shared(table[i])
+        ]
+        if new_blocks + len(shared) > self.allocator.num_free():
+            return False
+        for i in shared:
+            table[i] = self._copy_on_write(seq_id, table[i])
+        table.extend(self.allocator.allocate(new_blocks, owner=seq_id))
+        return True
+
+    def _is_shared(self, block: int) -> bool:
+        return self.allocator.ref_count(block) > 1 or self.allocator.is_cached(block)
+
+    def _copy_on_write(self, seq_id: int, block: int) -> int:
+        """A private copy of ``block`` for ``seq_id``; the shared original stays intact."""
+        (copy,) = self.allocator.allocate(1, owner=seq_id)
+        self.k[:, copy].copy_(self.k[:, block])
+        self.v[:, copy].copy_(self.v[:, block])
+        self.allocator.free([block], owner=seq_id)
+        return copy
+
+    def commit(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> None:
+        self.seq_lens[seq_id] += num_tokens
+        if self.prefix is None:
+            return
+        keys = self._block_keys[seq_id]
+        full = self.seq_lens[seq_id] // self.block_size
+        if full <= len(keys):
+            return
+        parent = keys[-1] if keys else b""
+        table = self.page_tables[seq_id]
+        for key in block_keys(
+            token_ids[: full * self.block_size], self.block_size, start=len(keys), parent=parent
+        ):
+            block = table[len(keys)]
+            if self.prefix.insert(key, block):
+                self.allocator.mark_cached(block)
+            keys.append(key)
+
+    def _forget_block(self, block: int) -> None:
+        if self.prefix is not None:
+            self.prefix.remove(block)
+
+    # --- capacity ------------------------------------------------------------------------
+    def active_seq_count(self) -> int:
+        return len(self.page_tables)
+
+    def free_slot_count(self) -> int:
+        return self.allocator.num_free()
+
+    def used_blocks(self) -> int:
+        return self.allocator.num_allocated()
+
+    def free_token_capacity(self) -> int | None:
+        return self.allocator.num_free() * self.block_size
+
+    # --- audits --------------------------------------------------------------------------
+    def audit_blocks(self) -> list[int]:
+        referenced = {b for table in self.page_tables.values() for b in table}
+        return self.allocator.find_unreferenced_blocks(referenced)
+
+    def reclaim_leaked_blocks(self) -> int:
+        leaked = self.audit_blocks()
+        self.allocator.force_free(leaked)
+        return len(leaked)
+
+    def stats(self) -> CacheStats:
+        filled: dict[int, int] = {}
+        for seq_id, table in self.page_tables.items():
+            length = self.seq_lens[seq_id]
+            for i, block in enumerate(table):
+                used = min(max(length - i * self.block_size, 0), self.block_size)
+                filled[block] = max(filled.get(block, 0), used)
+        used_blocks = self.allocator.num_allocated()
+        capacity = used_blocks * self.block_size
+        prefix = self.prefix
+        queries = prefix.queries if prefix is not None else 0
+        hits = prefix.hits if prefix is not None else 0
+        return CacheStats(
+            backend=self.backend,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            used_blocks=used_blocks,
+            free_blocks=self.allocator.num_free(),
+            cached_blocks=self.allocator.num_cached_free(),
+            utilization=used_blocks / self.num_blocks if self.num_blocks else 0.0,
+            internal_fragmentation=1.0 - sum(filled.values()) / capacity if capacity else 0.0,
+            allocs_per_s=self.allocator.allocations.rate(),
+            frees_per_s=self.allocator.frees.rate(),
+            total_allocations=self.allocator.allocations.total,
+            total_frees=self.allocator.frees.total,
+            evictions=self.allocator.evictions,
+            prefix_hits=hits,
+            prefix_queries=queries,
+            prefix_hit_rate=hits / queries if queries else 0.0,
+            leaked_blocks=len(self.audit_blocks()),
+            active_sequences=len(self.page_tables),
+        )

@@ -1,0 +1,91 @@
+"""What the runner, engine and attention layers may ask of a KV cache.
+
+Both backends satisfy these protocols, so nothing outside ``cache/`` branches on the type of
+cache (no ``isinstance``). The seeds' per-phase cache *views* are replaced by the flat
+``AttentionMetadata`` of a step; a sequence's page table and computed length are what the
+runner turns into that metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from infer.cache.stats import CacheStats
+
+
+@runtime_checkable
+class KVCacheProtocol(Protocol):
+    """The storage attention layers read: per layer ``[blocks, kv_heads, block_size, dim]``."""
+
+    k: Tensor  # [layers, blocks, kv_heads, block_size, head_dim]
+    v: Tensor
+    block_size: int
+
+    def is_paged(self) -> bool:
+        """True when blocks are handed out on demand rather than reserved per slot."""
+        ...
+
+
+@runtime_checkable
+class CachePoolProtocol(KVCacheProtocol, Protocol):
+    """Allocation, growth, sharing and accounting of sequences' cache space."""
+
+    num_blocks: int
+
+    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+        """Start a sequence with room for ``initial_tokens``; returns its slot id.
+
+        With prefix caching, ``token_ids`` (the prompt) is matched against cached blocks
+        and ``get_seq_len`` of the new slot says how many tokens need no computing.
+        ``RuntimeError`` when the pool cannot hold it (no partial state is left behind).
+        """
+        ...
+
+    def free_slot(self, slot: int) -> None:
+        """Release a sequence's blocks (cached ones stay reusable). ``KeyError`` if unknown."""
+        ...
+
+    def get_seq_len(self, slot: int) -> int:
+        """Tokens of the sequence whose K/V is in the cache."""
+        ...
+
+    def block_table(self, slot: int) -> list[int]:
+        """Physical blocks of the sequence, in logical order."""
+        ...
+
+    def prepare_append(self, slot: int, num_tokens: int) -> bool:
+        """Make the next ``num_tokens`` positions writable (new blocks, copy-on-write of
+        shared ones). False, changing nothing, when there are not enough free blocks."""
+        ...
+
+    def commit(self, slot: int, num_tokens: int, token_ids: Sequence[int]) -> None:
+        """Record that ``num_tokens`` more were computed; ``token_ids`` is the whole sequence
+        so far (used to index newly completed blocks for prefix sharing)."""
+        ...
+
+    def free_slot_count(self) -> int:
+        """Free slots (contiguous) or free blocks, a bound on new sequences (paged)."""
+        ...
+
+    def used_blocks(self) -> int:
+        """Blocks referenced by sequences (reserved ones included for contiguous slots)."""
+        ...
+
+    def free_token_capacity(self) -> int | None:
+        """Tokens that fit in free blocks; None where capacity is per slot (contiguous)."""
+        ...
+
+    def audit_blocks(self) -> list[int]:
+        """Blocks that are allocated but referenced by no sequence (leaks)."""
+        ...
+
+    def reclaim_leaked_blocks(self) -> int:
+        """Free every leaked block; returns how many."""
+        ...
+
+    def stats(self) -> CacheStats:
+        """Utilisation, fragmentation, allocation rates, evictions, prefix hits, leaks."""
+        ...

@@ -1,0 +1,76 @@
+"""Contiguous KV cache: the paged pool with a static reservation.
+
+Slot ``i`` owns blocks ``[i * blocks_per_slot, (i + 1) * blocks_per_slot)`` — room for
+``max_seq_len`` tokens — from admission to retirement, so the same tensors, metadata and
+kernels serve it, and it shows the seeds' internal fragmentation: a short sequence still
+holds ``max_seq_len`` worth of cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
+from infer.config import ModelConfig
+
+
+class SlottedKVCache(PagedKVCachePool):
+    """``max_batch_size`` slots of ``max_seq_len`` tokens each (``CachePoolProtocol``)."""
+
+    backend = "contiguous"
+
+    def __init__(self, k: Tensor, v: Tensor, block_size: int, max_seq_len: int) -> None:
+        super().__init__(k, v, block_size, use_prefix_caching=False)
+        self.max_seq_len = max_seq_len
+        self.blocks_per_slot = math.ceil(max_seq_len / block_size)
+        self.num_slots = self.num_blocks // self.blocks_per_slot
+        self._free_slots = list(range(self.num_slots - 1, -1, -1))
+
+    @classmethod
+    def for_slots(
+        cls,
+        config: ModelConfig,
+        max_batch_size: int,
+        max_seq_len: int,
+        block_size: int = 16,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+    ) -> SlottedKVCache:
+        num_blocks = max_batch_size * math.ceil(max_seq_len / block_size)
+        k, v = allocate_kv_tensors(config, num_blocks, block_size, dtype, device)
+        return cls(k, v, block_size, max_seq_len)
+
+    def is_paged(self) -> bool:
+        return False
+
+    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+        if initial_tokens > self.max_seq_len:
+            raise RuntimeError(f"{initial_tokens} tokens exceed a slot's {self.max_seq_len}")
+        if not self._free_slots:
+            raise RuntimeError("No free cache slots available")
+        slot = self._free_slots.pop()
+        first = slot * self.blocks_per_slot
+        blocks = list(range(first, first + self.blocks_per_slot))
+        self.allocator.allocate_specific(blocks, owner=slot)
+        self.page_tables[slot] = blocks
+        self.seq_lens[slot] = 0
+        self._block_keys[slot] = []
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        super().free_slot(slot)
+        self._free_slots.append(slot)
+
+    def prepare_append(self, slot: int, num_tokens: int) -> bool:
+        return self.seq_lens[slot] + num_tokens <= self.max_seq_len
+
+    def free_slot_count(self) -> int:
+        return len(self._free_slots)
+
+    def free_token_capacity(self) -> int | None:
+        return None

@@ -1,0 +1,30 @@
+"""The ``infer`` command: ``generate``, ``serve``, ``bench``, ``kvsim``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from infer.cli import generate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infer", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    generate.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"infer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Command-line flags for every ``EngineConfig`` field, derived from the dataclass.
+
+``use_x`` fields become ``--x/--no-x`` (``--chunked-prefill``, ``--prefix-caching``,
+``--cuda-graphs``); the rest become ``--kebab-case`` flags with the field's type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from infer.config import EngineConfig
+
+_HELP = {
+    "model": "built-in name (smollm2-135m, llama-3.2-3b, ...), .gguf file, HF directory or Hub id",
+    "load_format": "auto | dummy (random weights at the model's shapes) | safetensors | gguf",
+    "batching_mode": "static | continuous",
+    "kv_cache_backend": "contiguous | paged",
+    "num_gpu_blocks": "KV cache blocks (default: sized from free memory)",
+    "max_seq_len": "longest sequence, prompt + output (default: model context, max 4096)",
+    "use_cuda_graphs": "capture decode steps in CUDA graphs (default: on with CUDA)",
+    "dtype": "float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
+    "device": "cpu | cuda[:N] (default: cuda when available)",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.removeprefix("use_").replace("_", "-")
+
+
+def _base_type(annotation: Any) -> type:
+    hints = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    candidates = [h for h in hints if h is not type(None)] or [annotation]
+    base = candidates[0]
+    if typing.get_origin(base) is typing.Literal:
+        return str
+    return base if isinstance(base, type) else str
+
+
+def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozenset()) -> None:
+    """Add the engine flags (``exclude`` names fields a command uses for its own flag)."""
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine options")
+    for field in dataclasses.fields(EngineConfig):
+        if field.name == "extra" or field.name in exclude:
+            continue
+        base = _base_type(hints[field.name])
+        default = field.default
+        kwargs: dict[str, Any] = {"dest": field.name, "default": default,
+                                  "help": _HELP.get(field.name, "") + f" (default: {default})"}
+        if base is bool:
+            group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, **kwargs)
+        else:
+            group.add_argument(_flag(field.name), type=base, **kwargs)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build and validate the config (``ValueError`` names the offending flag)."""
+    values = {name: getattr(args, name) for name in EngineConfig.field_names()
+              if name in vars(args) and not name.startswith("_")}
+    return EngineConfig(**values)

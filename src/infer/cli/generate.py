@@ -1,0 +1,65 @@
+"""``infer generate``: one prompt or chat message, streamed to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.engine.engine import Engine
+from infer.engine.sampling_params import SamplingParams
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="generate text for a prompt or a chat")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="plain text prompt")
+    source.add_argument("--chat", help="a user message; the chat template is applied")
+    source.add_argument("--prompt-ids", help="comma-separated token ids (models without a "
+                        "tokenizer, e.g. dummy weights)")
+    parser.add_argument("--system", help="system message for --chat")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="print the answer only when complete")
+    add_engine_args(parser, exclude=frozenset({"seed"}))
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
+    )
+    config = engine_config_from_args(argparse.Namespace(**{**vars(args), "seed": 0}))
+    engine = Engine(config)
+    if args.chat is not None:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.chat})
+        prompt = engine.encode_chat(messages)
+    elif args.prompt_ids is not None:
+        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    else:
+        prompt = args.prompt
+    engine.add_request(prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            text = out.new_text if engine.tokenizer else " ".join(map(str, out.new_token_ids))
+            if args.stream and text:
+                sys.stdout.write(text if engine.tokenizer else text + " ")
+                sys.stdout.flush()
+            if out.finished:
+                if not args.stream:
+                    sys.stdout.write(out.text if engine.tokenizer
+                                     else " ".join(map(str, out.token_ids)))
+                sys.stdout.write("\n")
+                if out.error:
+                    print(f"error: {out.error}", file=sys.stderr)
+                    return 1
+    return 0

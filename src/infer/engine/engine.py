@@ -1,0 +1,356 @@
+"""The engine: owns the model, the cache pool, the scheduler and the runner; one ``step()``
+retires, schedules, runs one forward pass, samples, and turns tokens into text.
+
+It is single-threaded and synchronous; the offline ``LLM`` drives it in a loop and the
+server runs it in its own thread (``server/async_engine.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from infer.attention import ScheduledSequence, build_metadata
+from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
+from infer.cache.protocol import CachePoolProtocol
+from infer.cache.slotted import SlottedKVCache
+from infer.config import EngineConfig, ModelConfig
+from infer.engine.cuda_graphs import CUDAGraphRunner
+from infer.engine.request import Request, RequestOutput, TokenLogprob
+from infer.engine.runner import ModelRunner
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.loader import ModelSource, load_model, resolve_model
+from infer.models import DecoderModel
+from infer.tokenizer import Message, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Without a GPU the pool is sized to at most this much host memory (unless set explicitly).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+Prompt = str | Sequence[int]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.resolved_device
+        self.dtype = config.torch_dtype
+        self.source: ModelSource = resolve_model(config.model)
+        self.model_config = ModelConfig.from_hf_dict(self.source.hf_config)
+        self.max_seq_len = config.resolved_max_seq_len(self.model_config)
+        self.model, _ = load_model(
+            self.source, self.device, self.dtype, self.max_seq_len, config.load_format, config.seed
+        )
+        self.tokenizer = self._load_tokenizer()
+        self.pool = self._build_pool()
+        graphs = None
+        if config.cuda_graphs_enabled and not _torch_attention_forced():
+            graphs = CUDAGraphRunner(
+                self.model, config.block_size, config.max_batch_size, self.max_seq_len, self.device
+            )
+        self.runner = ModelRunner(self.model, self.pool, self.device, self.max_seq_len, graphs)
+        if graphs is not None:
+            graphs.capture()
+        self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._seeds = random.Random(config.seed)
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
+        self.peak_utilization = 0.0
+
+    # --- construction --------------------------------------------------------------------
+    def _load_tokenizer(self) -> Tokenizer | None:
+        path = self.config.tokenizer or self.source.tokenizer_path
+        if path is None:
+            return None
+        return Tokenizer.load(Path(path), self.model_config.eos_token_ids)
+
+    def _build_pool(self) -> CachePoolProtocol:
+        config, model_config = self.config, self.model_config
+        block_bytes = model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
+        if config.kv_cache_backend == "contiguous":
+            num_blocks = config.max_batch_size * config.blocks_per_contiguous_slot(self.max_seq_len)
+            self._check_fits(num_blocks, block_bytes)
+            return SlottedKVCache.for_slots(
+                model_config,
+                config.max_batch_size,
+                self.max_seq_len,
+                config.block_size,
+                dtype=self.dtype,
+                device=self.device,
+            )
+        num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
+        k, v = allocate_kv_tensors(
+            model_config, num_blocks, config.block_size, self.dtype, self.device
+        )
+        return PagedKVCachePool(k, v, config.block_size, config.use_prefix_caching)
+
+    def _available_cache_bytes(self) -> int:
+        if self.device.type != "cuda":
+            return CPU_KV_CACHE_BYTES
+        peak = self._profile_activation_bytes()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        return int(total * self.config.gpu_memory_utilization) - used - peak
+
+    def _check_fits(self, num_blocks: int, block_bytes: int) -> None:
+        need = num_blocks * block_bytes
+        available = self._available_cache_bytes()
+        if need > available:
+            raise ValueError(
+                f"max_batch_size: the contiguous cache needs {need / 2**30:.1f} GiB "
+                f"({self.config.max_batch_size} slots of {self.max_seq_len} tokens) but "
+                f"{available / 2**30:.1f} GiB are available; lower max_batch_size or "
+                "max_seq_len, or use kv_cache_backend='paged'"
+            )
+
+    def _auto_num_blocks(self, block_bytes: int) -> int:
+        available = self._available_cache_bytes()
+        if self.device.type != "cuda":
+            seeds_default = self.config.max_batch_size * self.max_seq_len // self.config.block_size
+            return max(1, min(seeds_default, available // block_bytes))
+        num_blocks = available // block_bytes
+        if num_blocks < 1:
+            raise ValueError("gpu_memory_utilization: no memory is left for the KV cache")
+        logger.info("KV cache: %d blocks (%.1f GiB)", num_blocks, num_blocks * block_bytes / 2**30)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_activation_bytes(self) -> int:
+        """Peak memory of the largest step (token budget, plus sampling of a full batch)."""
+        config = self.config
+        budget = config.resolved_max_num_batched_tokens(self.max_seq_len)
+        seq_len = min(budget, self.max_seq_len)
+        blocks_per_seq = math.ceil(seq_len / config.block_size)
+        num_seqs = math.ceil(budget / seq_len)
+        k, v = allocate_kv_tensors(
+            self.model_config, blocks_per_seq * num_seqs, config.block_size, self.dtype, self.device
+        )
+        self.model.bind_kv_cache(k, v)
+        seqs = [
+            ScheduledSequence(
+                list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), 0, [0] * seq_len
+            )
+            for i in range(num_seqs)
+        ]
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = torch.cuda.memory_allocated(self.device)
+        input_ids, meta = build_metadata(seqs, config.block_size, self.device)
+        hidden = self.model(input_ids, meta.positions, meta)
+        self.model.compute_logits(hidden[: config.max_batch_size])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - start
+        del k, v, hidden
+        torch.cuda.empty_cache()
+        sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
+        return peak + sampling
+
+    # --- requests ------------------------------------------------------------------------
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = [int(t) for t in prompt]
+            vocab = self.model_config.vocab_size
+            if any(not 0 <= t < vocab for t in token_ids):
+                raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if not token_ids:
+            raise ValueError("prompt: must not be empty")
+        if len(token_ids) >= self.max_seq_len:
+            raise ValueError(
+                f"prompt: {len(token_ids)} tokens leave no room to generate within "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        return token_ids
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("messages: this model has no tokenizer, so no chat template")
+        return self.encode_prompt(self.tokenizer.apply_chat_template(messages))
+
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue one sequence (``params.n`` is expanded by the callers). Raises
+        ``ValueError`` for bad input and ``QueueFullError`` when the queue is full."""
+        params = params or SamplingParams()
+        token_ids = self.encode_prompt(prompt)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        eos = (
+            self.tokenizer.eos_token_ids
+            if self.tokenizer
+            else frozenset(self.model_config.eos_token_ids)
+        )
+        detokenizer = None
+        if params.detokenize and self.tokenizer is not None:
+            detokenizer = self.tokenizer.detokenizer(params.skip_special_tokens)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        request = Request(
+            request_id, list(token_ids), len(token_ids), params, seed, frozenset(eos), detokenizer
+        )
+        self.scheduler.add_request(request)
+        self._requests[request_id] = request
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; its blocks are freed at the start of the next step."""
+        request = self.scheduler.abort(request_id)
+        if request is None:
+            return False
+        self._requests.pop(request_id, None)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # --- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns progress of every request that produced output."""
+        self.scheduler.retire()
+        scheduled = self.scheduler.schedule()
+        outputs = [self._output(r, [], []) for r in self.scheduler.take_failed()]
+        if scheduled.chunks:
+            outputs += self._run(scheduled)
+        self.peak_utilization = max(self.peak_utilization, self.utilization())
+        return outputs
+
+    def _run(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        sampled = [c.request for c in scheduled.chunks if c.samples]
+        result = self.runner.execute(scheduled.chunks)
+        now = time.perf_counter()
+        for chunk in scheduled.chunks:
+            request = chunk.request
+            assert request.slot is not None
+            request.num_computed += chunk.num_tokens
+            self.pool.commit(request.slot, chunk.num_tokens, request.token_ids)
+            if request.num_output_tokens == 0:
+                self.num_prompt_tokens += chunk.num_tokens
+        outputs = []
+        for request, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
+            if request.is_finished:  # aborted while the step ran
+                continue
+            if logprob is not None:
+                request.logprobs.append(logprob)
+            new_text = self._append_token(request, token_id, now)
+            outputs.append(
+                self._output(request, [token_id], [logprob] if logprob else [], new_text)
+            )
+        return outputs
+
+    def _append_token(self, request: Request, token_id: int, now: float) -> str:
+        """Record a sampled token, detokenise it, apply stop rules; returns new text."""
+        request.token_ids.append(token_id)
+        self.num_generated_tokens += 1
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.token_times.append(now)
+        params = request.params
+        if request.detokenizer is not None:
+            request.text += request.detokenizer.add(token_id)
+        produced = request.num_output_tokens
+        stop_ids = set(params.stop_token_ids) | (
+            set() if params.ignore_eos else request.eos_token_ids
+        )
+        if token_id in stop_ids and produced >= params.min_tokens:
+            request.finish("stop")
+        elif params.stop and self._cut_at_stop_string(request):
+            request.finish("stop")
+        elif params.max_tokens is not None and produced >= params.max_tokens:
+            request.finish("length")
+        elif request.num_tokens >= self.max_seq_len:
+            request.finish("length")
+        return self._releasable_text(request)
+
+    @staticmethod
+    def _cut_at_stop_string(request: Request) -> bool:
+        """Truncate the text before the first stop string in it (the stop is not output)."""
+        cut = min(
+            (
+                i
+                for i in (
+                    request.text.find(s, max(0, request.emitted_text_len - len(s)))
+                    for s in request.params.stop
+                )
+                if i >= 0
+            ),
+            default=-1,
+        )
+        if cut < 0:
+            return False
+        request.text = request.text[:cut]
+        return True
+
+    @staticmethod
+    def _releasable_text(request: Request) -> str:
+        """New text safe to stream: while running, hold back what could start a stop string."""
+        end = len(request.text)
+        if not request.is_finished and request.params.stop:
+            end -= max(len(s) for s in request.params.stop) - 1
+        if end <= request.emitted_text_len:
+            return ""
+        new_text = request.text[request.emitted_text_len : end]
+        request.emitted_text_len = end
+        return new_text
+
+    def _output(
+        self,
+        request: Request,
+        new_ids: list[int],
+        new_logprobs: list[TokenLogprob],
+        new_text: str = "",
+    ) -> RequestOutput:
+        if request.is_finished:
+            self._requests.pop(request.request_id, None)
+        start = request.arrival_time
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids if request.is_finished else [],
+            new_token_ids=new_ids,
+            new_text=new_text,
+            token_ids=request.output_token_ids if request.is_finished else [],
+            text=request.text[: request.emitted_text_len],
+            finished=request.is_finished,
+            finish_reason=request.finish_reason,
+            error=request.error,
+            new_logprobs=new_logprobs,
+            logprobs=request.logprobs if request.is_finished else [],
+            ttft_s=None if request.first_token_time is None else request.first_token_time - start,
+            token_times_s=[t - start for t in request.token_times] if request.is_finished else [],
+        )
+
+    # --- introspection ---------------------------------------------------------------------
+    def utilization(self) -> float:
+        return self.pool.used_blocks() / self.pool.num_blocks
+
+    def cache_stats(self) -> dict[str, float | int | str]:
+        stats = self.pool.stats()
+        stats.preemptions = self.scheduler.preemptions
+        return stats.as_dict()
+
+
+def _torch_attention_forced() -> bool:
+    return os.environ.get("INFER_DISABLE_TRITON") == "1"

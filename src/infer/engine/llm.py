@@ -1,0 +1,165 @@
+"""Offline API: ``LLM(model=..., **engine options).generate(prompts, params)``, like vLLM."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from infer.config import EngineConfig
+from infer.engine.engine import Engine, Prompt
+from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import QueueFullError
+from infer.loader.presets import DEFAULT_MODEL
+from infer.tokenizer import Message
+
+
+@dataclass
+class Completion:
+    """One generated sequence (a prompt has ``n`` of them)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    ttft_s: float | None = None  # arrival → first token
+    token_times_s: list[float] = field(default_factory=list)  # arrival → each token
+    error: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[Completion]
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+
+class LLM:
+    """Loads a model once and generates for batches of prompts or conversations."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
+        unknown = set(engine_options) - set(EngineConfig.field_names())
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: not an EngineConfig option")
+        self.config = EngineConfig(model=model, **engine_options)
+        self.engine = Engine(self.config)
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[GenerationResult]:
+        """Generate for each prompt (a string or a list of token ids)."""
+        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
+        encoded = [self.engine.encode_prompt(p) for p in batch]
+        texts = [p if isinstance(p, str) else None for p in batch]
+        return self._run(encoded, texts, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        conversations: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[GenerationResult]:
+        """Generate the assistant's reply to each conversation (chat template applied)."""
+        batch: list[list[Message]] = (
+            [conversations]
+            if conversations and isinstance(conversations[0], dict)  # type: ignore[list-item]
+            else conversations  # type: ignore[assignment]
+        )
+        encoded = [self.engine.encode_chat(messages) for messages in batch]
+        return self._run(encoded, [None] * len(encoded), sampling_params, use_tqdm)
+
+    def cache_stats(self) -> dict[str, float | int | str]:
+        """Pool utilisation, fragmentation, allocation rates, preemptions, evictions, leaks."""
+        return self.engine.cache_stats()
+
+    def _run(
+        self,
+        prompts: list[list[int]],
+        texts: list[str | None],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[GenerationResult]:
+        params = _per_prompt(sampling_params, len(prompts))
+        pending: deque[tuple[str, list[int], SamplingParams]] = deque()
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for j in range(p.n):
+                child = p if p.n == 1 else _nth_sample(p, j)
+                pending.append((f"{i}:{j}", prompt, child))
+        finished: dict[str, RequestOutput] = {}
+        total = len(pending)
+        with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
+            while pending or self.engine.has_unfinished_requests():
+                while pending:
+                    request_id, prompt, p = pending[0]
+                    try:
+                        self.engine.add_request(prompt, p, request_id=request_id)
+                    except QueueFullError:
+                        break
+                    pending.popleft()
+                for out in self.engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [
+            GenerationResult(
+                texts[i],
+                prompts[i],
+                [_completion(j, finished[f"{i}:{j}"]) for j in range(params[i].n)],
+            )
+            for i in range(len(prompts))
+        ]
+
+
+def _is_single_prompt(prompts: object) -> bool:
+    if isinstance(prompts, str):
+        return True
+    return isinstance(prompts, Sequence) and bool(prompts) and isinstance(prompts[0], int)
+
+
+def _per_prompt(
+    params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    if len(params) != count:
+        raise ValueError(f"sampling_params: {len(params)} given for {count} prompts")
+    return list(params)
+
+
+def _nth_sample(params: SamplingParams, index: int) -> SamplingParams:
+    """The ``index``-th of ``n`` samples: its own seed stream when a seed is given."""
+    from dataclasses import replace
+
+    seed = None if params.seed is None else params.seed + index
+    return replace(params, n=1, seed=seed)
+
+
+def _completion(index: int, out: RequestOutput) -> Completion:
+    return Completion(
+        index,
+        out.text,
+        out.token_ids,
+        out.finish_reason,
+        out.logprobs,
+        out.ttft_s,
+        out.token_times_s,
+        out.error,
+    )

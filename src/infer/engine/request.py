@@ -1,0 +1,98 @@
+"""A request's life inside the engine, and what the engine reports about it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from infer.engine.sampling_params import SamplingParams
+from infer.tokenizer import IncrementalDetokenizer
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
+    RUNNING = "running"  # holds cache; prefilling (possibly chunk by chunk) or decoding
+    FINISHED = "finished"  # stopped, hit its length, was aborted, or failed
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of a generated token and of the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Request:
+    request_id: str
+    token_ids: list[int]  # the prompt, then every generated token
+    num_prompt_tokens: int
+    params: SamplingParams
+    seed: int  # the sampling stream: params.seed, or one drawn at arrival
+    eos_token_ids: frozenset[int] = frozenset()
+    detokenizer: IncrementalDetokenizer | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    state: RequestState = RequestState.WAITING
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    slot: int | None = None
+    num_computed: int = 0  # tokens of prompt + output whose K/V is cached
+    num_preemptions: int = 0
+    text: str = ""
+    emitted_text_len: int = 0  # characters already streamed to the caller
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def prefill_progress(self) -> int:
+        """Prompt tokens computed so far (the seeds' chunked-prefill progress)."""
+        return min(self.num_computed, self.num_prompt_tokens)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.state = RequestState.FINISHED
+        self.finish_reason = reason
+        self.error = error
+
+
+@dataclass
+class RequestOutput:
+    """A request's progress after a step: the new tokens/text, and the totals so far."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # all of them, when finished
+    ttft_s: float | None = None  # arrival → first token
+    token_times_s: list[float] = field(default_factory=list)  # arrival → each token
+    num_cached_tokens: int = 0

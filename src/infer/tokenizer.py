@@ -1,0 +1,109 @@
+"""Tokenizer, chat template and incremental detokeniser.
+
+Tokenizers come from the checkpoint directory or are converted from GGUF metadata by
+transformers; the conversion is slow, so its result is cached on disk and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers.decoders import DecodeStream
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+Message = dict[str, Any]
+
+
+def cache_dir() -> Path:
+    """Where converted tokenizers live (``INFER_CACHE_DIR`` or ``~/.cache/infer``)."""
+    root = os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer"
+    return Path(root)
+
+
+class Tokenizer:
+    """A Hugging Face fast tokenizer plus the model's stop tokens."""
+
+    def __init__(self, hf: PreTrainedTokenizerBase, eos_token_ids: Sequence[int] = ()) -> None:
+        self.hf = hf
+        ids = set(eos_token_ids)
+        if hf.eos_token_id is not None:
+            ids.add(int(hf.eos_token_id))
+        self.eos_token_ids: frozenset[int] = frozenset(ids)
+
+    @classmethod
+    def load(cls, path: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer | None:
+        """From a checkpoint directory or ``.gguf`` file; None when it ships no tokenizer."""
+        if path.suffix == ".gguf":
+            return cls(_load_gguf_tokenizer(path), eos_token_ids)
+        if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+            return None
+        return cls(AutoTokenizer.from_pretrained(str(path)), eos_token_ids)
+
+    @property
+    def rust(self) -> RustTokenizer:
+        return self.hf.backend_tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a plain prompt (with the BOS token when the model expects one)."""
+        return list(self.hf.encode(text, add_special_tokens=True))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.rust.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+        """Token ids of a conversation, ending with the assistant's turn opener."""
+        if not self.hf.chat_template:
+            raise ValueError("messages: this model's tokenizer has no chat template")
+        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.rust, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas whose concatenation is the full decode.
+
+    Bytes of a multi-byte character split across tokens are held back until complete
+    (``tokenizers.DecodeStream`` keeps the prefix/read offsets on the Rust side, one call
+    per token, so the cost does not grow with the output length).
+    """
+
+    def __init__(self, tokenizer: RustTokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; returns the newly completed text (may be empty)."""
+        delta = self._stream.step(self._tokenizer, token_id) or ""
+        self.text += delta
+        return delta
+
+
+def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """Convert once (transformers reads the GGUF vocabulary, ~30 s), then reuse the copy."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    target = cache_dir() / "tokenizers" / f"{path.stem}-{key.hexdigest()[:16]}"
+    if not (target / "tokenizer_config.json").is_file():
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent))
+        hf.save_pretrained(str(staging))
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first; keep its copy
+            shutil.rmtree(staging, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(target))
