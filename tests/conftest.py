@@ -1,9 +1,123 @@
-"""Shared test setup."""
+"""Shared test setup and fixtures: the embedded SmolLM2 engine and tiny random checkpoints."""
+
+from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 # Triton kernels run under the interpreter on CPU-only machines (must be set before import).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "gemma3": {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 24,
+        "max_position_embeddings": 512,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+    },
+}
+FAMILIES = tuple(TINY_CONFIGS)
+
+
+def hf_config(family: str) -> Any:
+    """The transformers config object of a tiny family config."""
+    from transformers import AutoConfig
+
+    raw = dict(TINY_CONFIGS[family])
+    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_checkpoint(family)`` → a saved HF checkpoint (random weights, no tokenizer)."""
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(1234)
+            model = AutoModelForCausalLM.from_config(hf_config(family), dtype=torch.float32)
+            # Random norm weights too, so a wrong norm formula cannot hide behind ones.
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if "norm" in name:
+                        param.normal_(0.0, 0.1 if family == "gemma3" else 1.0)
+            directory = tmp_path_factory.mktemp(f"tiny-{family}")
+            model.save_pretrained(directory)
+            made[family] = directory
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm() -> Iterator[Any]:
+    """The embedded SmolLM2-135M on the CPU, shared by every test that only reads from it."""
+    from infer import LLM
+
+    yield LLM("smollm2-135m", num_gpu_blocks=512, max_seq_len=2048, max_batch_size=32)

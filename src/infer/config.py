@@ -8,6 +8,7 @@ turned off); ``ModelConfig`` is the architecture description read from a Hugging
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -17,6 +18,29 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
 BatchingMode = Literal["static", "continuous"]
 KVCacheBackend = Literal["contiguous", "paged"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+# transformers' Gemma3TextConfig defaults: a multimodal checkpoint's ``text_config`` lists
+# only what differs from them (gemma-3-4b-it: hidden size, layers, RoPE scaling, window).
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -97,8 +121,12 @@ class ModelConfig:
         """Parse a Hugging Face ``config.json`` (transformers 4.x or 5.x spelling)."""
         model_type = raw.get("model_type")
         if model_type == "gemma3":  # multimodal wrapper: the language model is text_config
-            raw = {**raw.get("text_config", {}), "model_type": "gemma3_text"}
+            # The wrapper's own token ids (gemma-3-4b-it: eos [1, 106]) are the generation's.
+            ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+            raw = {**raw.get("text_config", {}), **ids}
             model_type = "gemma3_text"
+        if model_type == "gemma3_text":
+            raw = {**_GEMMA3_TEXT_DEFAULTS, **raw, "model_type": model_type}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: "
@@ -116,7 +144,6 @@ class ModelConfig:
             layer_types = _gemma_layer_types(raw, layers)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        tie_default = model_type == "gemma3_text"
         return cls(
             model_type=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -129,7 +156,7 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=global_rope,
             max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", tie_default)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu"),
             attention_bias=bool(raw.get("attention_bias", False)),
             bos_token_id=raw.get("bos_token_id"),
@@ -211,48 +238,102 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the flag for any invalid value or combination."""
-        _check(self.batching_mode in ("static", "continuous"), "batching_mode",
-               f"must be 'static' or 'continuous', got {self.batching_mode!r}")
-        _check(self.kv_cache_backend in ("contiguous", "paged"), "kv_cache_backend",
-               f"must be 'contiguous' or 'paged', got {self.kv_cache_backend!r}")
-        _check(self.load_format in ("auto", "dummy", "safetensors", "gguf"), "load_format",
-               f"must be auto, dummy, safetensors or gguf, got {self.load_format!r}")
+        _check(
+            self.batching_mode in ("static", "continuous"),
+            "batching_mode",
+            f"must be 'static' or 'continuous', got {self.batching_mode!r}",
+        )
+        _check(
+            self.kv_cache_backend in ("contiguous", "paged"),
+            "kv_cache_backend",
+            f"must be 'contiguous' or 'paged', got {self.kv_cache_backend!r}",
+        )
+        _check(
+            self.load_format in ("auto", "dummy", "safetensors", "gguf"),
+            "load_format",
+            f"must be auto, dummy, safetensors or gguf, got {self.load_format!r}",
+        )
         _check(self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
-        _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks",
-               f"must be >= 1, got {self.num_gpu_blocks}")
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-               f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        _check(self.max_batch_size >= 1, "max_batch_size",
-               f"must be >= 1, got {self.max_batch_size}")
-        _check(self.max_seq_len is None or self.max_seq_len >= 2, "max_seq_len",
-               f"must be >= 2, got {self.max_seq_len}")
-        _check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
-               "max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
-        _check(self.max_waiting_requests >= 1, "max_waiting_requests",
-               f"must be >= 1, got {self.max_waiting_requests}")
-        _check(0.0 <= self.admission_reserve < 1.0, "admission_reserve",
-               f"must be in [0, 1), got {self.admission_reserve}")
-        _check(self.prefill_chunk_size >= 1, "prefill_chunk_size",
-               f"must be >= 1, got {self.prefill_chunk_size}")
-        _check(self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
-               "max_prefill_chunks_per_step",
-               f"must be >= 1 or None, got {self.max_prefill_chunks_per_step}")
-        _check(self.dtype is None or self.dtype in _DTYPES, "dtype",
-               f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        _check(self.device is None or self.device == "cpu" or self.device.startswith("cuda"),
-               "device", f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _check(
+            self.num_gpu_blocks is None or self.num_gpu_blocks >= 1,
+            "num_gpu_blocks",
+            f"must be >= 1, got {self.num_gpu_blocks}",
+        )
+        _check(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        _check(
+            self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}"
+        )
+        _check(
+            self.max_seq_len is None or self.max_seq_len >= 2,
+            "max_seq_len",
+            f"must be >= 2, got {self.max_seq_len}",
+        )
+        _check(
+            self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            f"must be >= 1, got {self.max_num_batched_tokens}",
+        )
+        _check(
+            self.max_waiting_requests >= 1,
+            "max_waiting_requests",
+            f"must be >= 1, got {self.max_waiting_requests}",
+        )
+        _check(
+            0.0 <= self.admission_reserve < 1.0,
+            "admission_reserve",
+            f"must be in [0, 1), got {self.admission_reserve}",
+        )
+        _check(
+            self.prefill_chunk_size >= 1,
+            "prefill_chunk_size",
+            f"must be >= 1, got {self.prefill_chunk_size}",
+        )
+        _check(
+            self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
+            "max_prefill_chunks_per_step",
+            f"must be >= 1 or None, got {self.max_prefill_chunks_per_step}",
+        )
+        _check(
+            self.dtype is None or self.dtype in _DTYPES,
+            "dtype",
+            f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}",
+        )
+        _check(
+            self.device is None or _DEVICE.fullmatch(self.device) is not None,
+            "device",
+            f"must be 'cpu' or 'cuda[:N]', got {self.device!r}",
+        )
         static = self.batching_mode == "static"
-        _check(not (static and self.kv_cache_backend == "paged"), "kv_cache_backend",
-               "'paged' requires batching_mode='continuous' (use --kv-cache-backend contiguous)")
-        _check(not (static and self.use_chunked_prefill), "use_chunked_prefill",
-               "chunked prefill requires batching_mode='continuous'")
-        _check(not (self.use_prefix_caching and self.kv_cache_backend != "paged"),
-               "use_prefix_caching", "prefix caching requires kv_cache_backend='paged'")
+        _check(
+            not (static and self.kv_cache_backend == "paged"),
+            "kv_cache_backend",
+            "'paged' requires batching_mode='continuous' (use --kv-cache-backend contiguous)",
+        )
+        _check(
+            not (static and self.use_chunked_prefill),
+            "use_chunked_prefill",
+            "chunked prefill requires batching_mode='continuous'",
+        )
+        _check(
+            not (self.use_prefix_caching and self.kv_cache_backend != "paged"),
+            "use_prefix_caching",
+            "prefix caching requires kv_cache_backend='paged'",
+        )
         if self.use_cuda_graphs:
-            _check(self.kv_cache_backend == "paged" and not static, "use_cuda_graphs",
-                   "CUDA graphs require kv_cache_backend='paged' and batching_mode='continuous'")
-            _check(self.device is None or self.device.startswith("cuda"), "use_cuda_graphs",
-                   f"CUDA graphs need a CUDA device, got device={self.device!r}")
+            _check(
+                self.kv_cache_backend == "paged" and not static,
+                "use_cuda_graphs",
+                "CUDA graphs require kv_cache_backend='paged' and batching_mode='continuous'",
+            )
+            _check(
+                self.resolved_device.type == "cuda",
+                "use_cuda_graphs",
+                f"CUDA graphs need a CUDA device, got {self.resolved_device}",
+            )
         if self.device is not None and self.device.startswith("cuda"):
             _check(torch.cuda.is_available(), "device", "CUDA was requested but is not available")
 
@@ -282,9 +363,12 @@ class EngineConfig:
     def resolved_max_seq_len(self, model: ModelConfig) -> int:
         if self.max_seq_len is None:
             return min(4096, model.max_position_embeddings)
-        _check(self.max_seq_len <= model.max_position_embeddings, "max_seq_len",
-               f"{self.max_seq_len} exceeds the model's context "
-               f"({model.max_position_embeddings} tokens)")
+        _check(
+            self.max_seq_len <= model.max_position_embeddings,
+            "max_seq_len",
+            f"{self.max_seq_len} exceeds the model's context "
+            f"({model.max_position_embeddings} tokens)",
+        )
         return self.max_seq_len
 
     def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:

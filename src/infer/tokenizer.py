@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gguf import GGUFReader
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -41,7 +42,8 @@ class Tokenizer:
     def load(cls, path: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer | None:
         """From a checkpoint directory or ``.gguf`` file; None when it ships no tokenizer."""
         if path.suffix == ".gguf":
-            return cls(_load_gguf_tokenizer(path), eos_token_ids)
+            hf = _load_gguf_tokenizer(path)
+            return None if hf is None else cls(hf, eos_token_ids)
         if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
             return None
         return cls(AutoTokenizer.from_pretrained(str(path)), eos_token_ids)
@@ -92,13 +94,20 @@ class IncrementalDetokenizer:
         return delta
 
 
-def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    """Convert once (transformers reads the GGUF vocabulary, ~30 s), then reuse the copy."""
+def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
+    """Convert once (transformers reads the GGUF vocabulary, ~30 s), then reuse the copy;
+    None when the file has no vocabulary."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     target = cache_dir() / "tokenizers" / f"{path.stem}-{key.hexdigest()[:16]}"
     if not (target / "tokenizer_config.json").is_file():
-        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception:
+            # transformers fails obscurely (KeyError) without a vocabulary; only then look.
+            if "tokenizer.ggml.tokens" not in GGUFReader(path).fields:
+                return None
+            raise
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent))
         hf.save_pretrained(str(staging))

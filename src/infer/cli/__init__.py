@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
-from infer.cli import generate
+COMMANDS = ("generate", "serve", "bench", "kvsim")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infer", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    generate.add_parser(subparsers)
+    for name in COMMANDS:
+        importlib.import_module(f"infer.cli.{name}").add_parser(subparsers)
     return parser
 
 

@@ -49,8 +49,11 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
             continue
         base = _base_type(hints[field.name])
         default = field.default
-        kwargs: dict[str, Any] = {"dest": field.name, "default": default,
-                                  "help": _HELP.get(field.name, "") + f" (default: {default})"}
+        kwargs: dict[str, Any] = {
+            "dest": field.name,
+            "default": default,
+            "help": _HELP.get(field.name, "") + f" (default: {default})",
+        }
         if base is bool:
             group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, **kwargs)
         else:
@@ -59,6 +62,9 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build and validate the config (``ValueError`` names the offending flag)."""
-    values = {name: getattr(args, name) for name in EngineConfig.field_names()
-              if name in vars(args) and not name.startswith("_")}
+    values = {
+        name: getattr(args, name)
+        for name in EngineConfig.field_names()
+        if name in vars(args) and not name.startswith("_")
+    }
     return EngineConfig(**values)

@@ -15,8 +15,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="plain text prompt")
     source.add_argument("--chat", help="a user message; the chat template is applied")
-    source.add_argument("--prompt-ids", help="comma-separated token ids (models without a "
-                        "tokenizer, e.g. dummy weights)")
+    source.add_argument(
+        "--prompt-ids",
+        help="comma-separated token ids (models without a tokenizer, e.g. dummy weights)",
+    )
     parser.add_argument("--system", help="system message for --chat")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -26,16 +28,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--no-stream", dest="stream", action="store_false",
-                        help="print the answer only when complete")
+    parser.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="print the answer only when complete",
+    )
     add_engine_args(parser, exclude=frozenset({"seed"}))
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        seed=args.seed, max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
     )
     config = engine_config_from_args(argparse.Namespace(**{**vars(args), "seed": 0}))
     engine = Engine(config)
@@ -56,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
             if out.finished:
                 if not args.stream:
-                    sys.stdout.write(out.text if engine.tokenizer
-                                     else " ".join(map(str, out.token_ids)))
+                    sys.stdout.write(
+                        out.text if engine.tokenizer else " ".join(map(str, out.token_ids))
+                    )
                 sys.stdout.write("\n")
                 if out.error:
                     print(f"error: {out.error}", file=sys.stderr)

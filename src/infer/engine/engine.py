@@ -29,7 +29,6 @@ from infer.engine.runner import ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.loader import ModelSource, load_model, resolve_model
-from infer.models import DecoderModel
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -275,13 +274,12 @@ class Engine:
         stop_ids = set(params.stop_token_ids) | (
             set() if params.ignore_eos else request.eos_token_ids
         )
-        if token_id in stop_ids and produced >= params.min_tokens:
+        stopped = token_id in stop_ids and produced >= params.min_tokens
+        if stopped or (params.stop and self._cut_at_stop_string(request)):
             request.finish("stop")
-        elif params.stop and self._cut_at_stop_string(request):
-            request.finish("stop")
-        elif params.max_tokens is not None and produced >= params.max_tokens:
-            request.finish("length")
-        elif request.num_tokens >= self.max_seq_len:
+        elif (params.max_tokens is not None and produced >= params.max_tokens) or (
+            request.num_tokens >= self.max_seq_len
+        ):
             request.finish("length")
         return self._releasable_text(request)
 

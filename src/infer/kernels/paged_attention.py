@@ -3,17 +3,17 @@
 Both kernels run one inner loop, ``_attend_range``: online softmax (base 2, fp32) over keys
 gathered token by token through the block table, so any block size works and a sliding window
 starts reading at its first visible key. The query heads that share a KV head are rows of one
-``tl.dot`` tile, so every K/V byte is read once per step.
+``tl.dot`` tile, so each K/V tile is loaded once for all of them.
 
 * ``_decode_kernel`` serves sequences with one query row. One program per (sequence, KV head,
   split); with few sequences and long contexts the keys are split (flash-decoding) and
   ``_combine_kernel`` merges the splits' partial results.
 * ``_prefill_kernel`` serves sequences with more query rows (prefill, chunk, cached prefix):
-  FlashAttention-2 causal tiles whose rows are (token, head) pairs; tiles wholly visible to all
-  rows skip the masks.
+  FlashAttention-2 causal tiles whose rows are (token, head) pairs; key tiles visible to every
+  row skip the masks.
 
-Everything launched depends only on shapes and python ints, and every loop bound is read on the
-device (``seq_lens``, ``query_start_loc``), so a decode step can be captured in a CUDA graph and
+The launches depend only on shapes and python ints and every loop bound is read on the device
+(``seq_lens``, ``query_start_loc``), so a decode step can be captured in a CUDA graph and
 replayed with new lengths.
 """
 
@@ -49,17 +49,23 @@ class TileConfig:
 
 
 def decode_config(head_dim: int) -> TileConfig:
-    """Default decode tile: small row count (one token's heads), wide key steps."""
+    """Default decode tile: one token's query heads padded to 16 rows, wide key steps.
+
+    Chosen with ``benchmarks/bench_kernels.py --sweep`` on an H200 (Llama-3.2-3B heads).
+    """
     return TileConfig(16, 32 if head_dim > 128 else 64, 4, 3)
 
 
 def prefill_config(head_dim: int) -> TileConfig:
-    """Default prefill tile (tuned on an H100, see benchmarks/bench_kernels.py)."""
+    """Default prefill tile, chosen like ``decode_config`` (causal prefills of 4096 tokens)."""
     if head_dim > 128:
-        return TileConfig(64, 32, 4, 2)
-    return TileConfig(128, 64, 8 if head_dim == 128 else 4, 3)
+        return TileConfig(128, 64, 8, 2)
+    if head_dim == 128:
+        return TileConfig(128, 128, 8, 2)
+    return TileConfig(128, 64, 8, 3)
 
 
+# fmt: off
 @triton.jit
 def _attend_range(
     acc, m_i, l_i, q, q_pos, win_lo,
@@ -77,36 +83,26 @@ def _attend_range(
     offs_d = tl.arange(0, HEAD_DIM)
     for k0 in range(start, end, BLOCK_N):
         kpos = k0 + offs_n
-        if MASKED:
-            in_range = kpos < kv_end
-            block = tl.load(table + kpos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
-        else:
-            block = tl.load(table + kpos // BLOCK_SIZE).to(tl.int64)
+        in_range = kpos < kv_end
+        entry = table + kpos // BLOCK_SIZE
+        block = (tl.load(entry, mask=in_range, other=0) if MASKED else tl.load(entry)).to(tl.int64)
         slot = kpos % BLOCK_SIZE
         k_ptrs = K + (block * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :]
-        v_ptrs = V + (block * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0) if MASKED else tl.load(k_ptrs)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
         if MASKED:
-            k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
-        if MASKED:
-            visible = (
-                in_range[None, :]
-                & (kpos[None, :] <= q_pos[:, None])
-                & (kpos[None, :] >= win_lo[:, None])
-            )
+            visible = (in_range[None, :] & (kpos[None, :] <= q_pos[:, None])
+                       & (kpos[None, :] >= win_lo[:, None]))
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows that have seen no visible key yet keep m = -inf; shift them by 0 to avoid NaN.
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # Scaled scores are s * qk_scale (base 2); the scale is folded into the max and exp2.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        # Rows that have seen no visible key yet keep m = -inf: shift them by 0, not by -inf.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new
         alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
+        p = tl.exp2(s * qk_scale - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        v_ptrs = V + (block * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0) if MASKED else tl.load(v_ptrs)
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
@@ -119,9 +115,9 @@ def _decode_kernel(
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-    qk_scale, window,
+    qk_scale, window, num_splits,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -131,7 +127,7 @@ def _decode_kernel(
         return  # not a decode row: the prefill kernel serves it
     seq_len = tl.load(SeqLens + seq)
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -148,18 +144,17 @@ def _decode_kernel(
     acc, m_i, l_i = _attend_range(
         acc, m_i, l_i, q, q_pos, q_pos * 0 + lo,
         K + kv_head * stride_kh, V + kv_head * stride_vh, Tables + seq * stride_table,
-        stride_kb, stride_kt, stride_vb, stride_vt,
-        start, end, end, qk_scale,
+        stride_kb, stride_kt, stride_vb, stride_vt, start, end, end, qk_scale,
         BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
     )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
     else:
-        part = PartOut + seq * stride_pb + split * stride_ps
-        p_ptrs = part + heads[:, None] * stride_ph + offs_d[None, :]
+        p_ptrs = (PartOut + seq * stride_pb + split * stride_ps + heads[:, None] * stride_ph
+                  + offs_d[None, :])
         tl.store(p_ptrs, out, mask=rows_ok[:, None])
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
@@ -168,8 +163,8 @@ def _decode_kernel(
 @triton.jit
 def _combine_kernel(
     Out, PartOut, PartLse, QueryStart,
-    stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-    NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr,
+    stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
+    SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """Merges a decode row's splits, weighting each by its share of the softmax mass."""
     seq = tl.program_id(0)
@@ -179,15 +174,14 @@ def _combine_kernel(
         return
     offs_s = tl.arange(0, SPLITS_POW2)
     offs_d = tl.arange(0, HEAD_DIM)
-    split_ok = offs_s < NUM_SPLITS
-    lse_ptrs = PartLse + seq * stride_lb + offs_s * stride_ls + head
-    lse = tl.load(lse_ptrs, mask=split_ok, other=float("-inf"))
+    split_ok = offs_s < num_splits
+    lse = tl.load(PartLse + seq * stride_lb + offs_s * stride_ls + head, mask=split_ok,
+                  other=float("-inf"))
     m = tl.max(lse, 0)
     weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
     total = tl.sum(weight, 0)
-    part_ptrs = (
-        PartOut + seq * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph + offs_d[None, :]
-    )
+    part_ptrs = (PartOut + seq * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph
+                 + offs_d[None, :])
     parts = tl.load(part_ptrs, mask=split_ok[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(Out + row * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
@@ -195,10 +189,11 @@ def _combine_kernel(
 
 @triton.jit
 def _find_seq(QueryStart, num_seqs, pid, BLOCK_Q: tl.constexpr):
-    """Binary search: the sequence whose tile range ``[qs // BLOCK_Q + seq, ...)`` holds ``pid``.
+    """Binary search for the sequence whose tiles hold ``pid``.
 
-    Sequence ``b`` owns at most ``cdiv(qlen_b, BLOCK_Q)`` tiles and this numbering gives it
-    ``qlen_b // BLOCK_Q + 1`` slots, so ``T // BLOCK_Q + B`` programs cover any batch.
+    Sequence ``b``'s tiles are numbered from ``query_start[b] // BLOCK_Q + b``: it needs at most
+    ``cdiv(qlen_b, BLOCK_Q)`` and gets ``qlen_b // BLOCK_Q + 1`` numbers or more, so
+    ``T // BLOCK_Q + B`` programs cover any batch without reading it on the host.
     """
     lo = pid * 0
     hi = lo + num_seqs - 1
@@ -219,28 +214,31 @@ def _prefill_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    # Highest numbers first: a sequence's last tiles see the most keys, start them early.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_seq(QueryStart, num_seqs, pid, BLOCK_Q)
     q_start = tl.load(QueryStart + seq)
     q_len = tl.load(QueryStart + seq + 1) - q_start
     tile = pid - (q_start // BLOCK_Q + seq)
     if (q_len <= 1) | (tile * BLOCK_Q >= q_len):
-        return  # decode rows go to the decode kernel; spare slots of the grid do nothing
+        return  # decode rows belong to the decode kernel; spare numbers do nothing
     seq_len = tl.load(SeqLens + seq)
 
-    # Rows are (token, head) pairs: BLOCK_Q tokens x GROUP query heads of this KV head.
+    # Rows are (token, head) pairs: BLOCK_Q tokens x the GROUP query heads of this KV head.
     offs_r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     tok = tile * BLOCK_Q + offs_r // GROUP
     heads = kv_head * GROUP + offs_r % GROUP
     rows_ok = (offs_r < BLOCK_Q * GROUP) & (tok < q_len)
-    q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh
-    q = tl.load(q_ptrs + offs_d[None, :], mask=rows_ok[:, None], other=0.0)
+    q_ptrs = (Q + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh
+              + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=rows_ok[:, None], other=0.0)
     q_pos = seq_len - q_len + tok
     win_lo = tl.where(window > 0, tl.maximum(q_pos - window + 1, 0), 0)
 
-    # Keys [lo, kv_end) are visible to some row; [full_lo, full_hi) to every row.
+    # Keys [lo, kv_end) are visible to some row of the tile, [full_lo, first] to every row:
+    # masked steps over [lo, a), unmasked over [a, b), masked again over [b, kv_end).
     first = seq_len - q_len + tile * BLOCK_Q
     last = tl.minimum(first + BLOCK_Q, seq_len) - 1
     lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
@@ -268,8 +266,10 @@ def _prefill_kernel(
         b, kv_end, kv_end, qk_scale, BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
     )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = Out + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
-    tl.store(o_ptrs + offs_d[None, :], out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+    o_ptrs = (Out + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
+              + offs_d[None, :])
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+# fmt: on
 
 
 @functools.cache
@@ -280,13 +280,13 @@ def _sm_count(device: torch.device) -> int:
 def num_kv_splits(num_seqs: int, num_kv_heads: int, kv_len: int, device: torch.device) -> int:
     """How many pieces each decode row's keys are cut into (flash-decoding).
 
-    Aims at about four programs per SM when sequences x KV heads alone leave the GPU idle, while
-    each piece keeps at least 256 keys. ``kv_len`` is an upper bound (a captured graph passes
-    the model's maximum; empty pieces exit at once). The CPU interpreter gains nothing: 1.
+    Aims at about three programs per SM when sequences x KV heads alone would leave SMs idle,
+    keeping at least 256 keys a piece. ``kv_len`` is an upper bound (a captured graph passes
+    the model's maximum; pieces past a sequence's end exit at once). CPU (interpreter): 1.
     """
     if device.type != "cuda":
         return 1
-    wanted = triton.cdiv(4 * _sm_count(device), max(num_seqs * num_kv_heads, 1))
+    wanted = triton.cdiv(3 * _sm_count(device), max(num_seqs * num_kv_heads, 1))
     return max(1, min(wanted, triton.cdiv(kv_len, _MIN_KEYS_PER_SPLIT), _MAX_SPLITS))
 
 
@@ -294,8 +294,8 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
     head_dim = q.shape[-1]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"paged attention needs a power-of-two head_dim >= 16, got {head_dim}")
-    if q.shape[-2] % k_cache.shape[1]:
-        raise ValueError(f"{q.shape[-2]} query heads do not group over {k_cache.shape[1]} KV heads")
+    if q.shape[1] % k_cache.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads do not group over {k_cache.shape[1]} KV heads")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("paged attention needs a contiguous last (head_dim) dimension")
 
@@ -304,94 +304,73 @@ def _dot_precision(q: Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-def _scratch(
-    scratch: dict[str, object], shape: tuple[int, int, int, int], device: torch.device
+def _split_scratch(
+    meta: AttentionMetadata, shape: tuple[int, ...], device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """Split partials ``[B, S, H, D]`` and log-sum-exps ``[B, S, H]``, shared by all layers."""
-    key = f"paged_attention_scratch_{shape}"
-    found = scratch.get(key)
-    if found is None:
-        found = (
+    key = f"paged_attention_splits_{shape}"
+    if key not in meta.derived:
+        meta.derived[key] = (
             torch.empty(shape, dtype=torch.float32, device=device),
             torch.empty(shape[:3], dtype=torch.float32, device=device),
         )
-        scratch[key] = found
-    return found  # type: ignore[return-value]
+    return meta.derived[key]
 
 
 def _launch_decode(
-    out: Tensor,
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    scale: float,
-    sliding_window: int,
-    num_splits: int,
-    config: TileConfig,
-    scratch: dict[str, object],
-) -> None:
-    num_seqs = seq_lens.shape[0]
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
+    scale: float, window: int, num_splits: int, tile: TileConfig,
+) -> None:  # fmt: skip
+    num_seqs, (_, num_heads, head_dim) = meta.num_seqs, q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if num_splits > 1:
-        part_out, part_lse = _scratch(scratch, (num_seqs, num_splits, num_heads, head_dim), q.device)
-    else:  # written straight to ``out``; the partial pointers are never touched
+        shape = (num_seqs, num_splits, num_heads, head_dim)
+        part_out, part_lse = _split_scratch(meta, shape, q.device)
+    else:  # the kernel writes ``out`` itself and never touches the partials
         part_out, part_lse = out[:, :, :, None], out[:, :, 0]
+    tables, starts = meta.block_tables, meta.query_start_loc
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse,
+        out, q, k_cache, v_cache, tables, meta.seq_lens, starts, part_out, part_lse,
         out.stride(0), out.stride(1), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        scale * _LOG2E, sliding_window,
-        GROUP=group, ROWS=max(config.block_m, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits, DOT_PRECISION=_dot_precision(q),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        scale * _LOG2E, window, num_splits,
+        GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
+        DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _combine_kernel[(num_seqs, num_heads)](
-            out, part_out, part_lse, query_start_loc,
-            out.stride(0), out.stride(1),
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_POW2=triton.next_power_of_2(num_splits),
+            out, part_out, part_lse, starts,
+            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),
+            part_out.stride(2), part_lse.stride(0), part_lse.stride(1), num_splits,
+            SPLITS_POW2=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim, num_warps=4,
         )  # fmt: skip
 
 
 def _launch_prefill(
-    out: Tensor,
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    scale: float,
-    sliding_window: int,
-    config: TileConfig,
-) -> None:
+    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
+    scale: float, window: int, tile: TileConfig,
+) -> None:  # fmt: skip
     num_tokens, num_heads, head_dim = q.shape
-    num_seqs = seq_lens.shape[0]
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_m = max(config.block_m, triton.next_power_of_2(group))
+    block_m = max(tile.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
-    _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, num_seqs,
+    tables = meta.block_tables
+    _prefill_kernel[(num_tokens // block_q + meta.num_seqs, num_kv_heads)](
+        out, q, k_cache, v_cache, tables, meta.seq_lens, meta.query_start_loc, meta.num_seqs,
         out.stride(0), out.stride(1), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        scale * _LOG2E, sliding_window,
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
+        scale * _LOG2E, window,
         GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=config.block_n, DOT_PRECISION=_dot_precision(q),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, DOT_PRECISION=_dot_precision(q),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
@@ -409,10 +388,10 @@ def paged_attention_triton(
 ) -> Tensor:
     """Attention of ``q [T, H, D]`` over the paged cache ``[N, Hkv, BS, D]`` → ``[T, H, D]``.
 
-    Same contract as ``paged_attention_torch`` (the new K/V are already in the cache). A decode
-    batch (``max_query_len == 1``) launches the decode kernel only; otherwise the decode kernel
-    serves the one-query rows and the prefill kernel the rest. The keyword arguments override
-    the heuristics (tests and the kernel benchmark use them).
+    Same contract as ``paged_attention_torch`` (this step's K/V are already in the cache). A
+    decode batch (``max_query_len == 1``) runs the decode kernel alone; otherwise the decode
+    kernel serves the one-query rows and the prefill kernel the others. The keyword arguments
+    override the heuristics (the tests and the kernel benchmark use them).
     """
     _check_inputs(q, k_cache, v_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -421,16 +400,11 @@ def paged_attention_triton(
     head_dim = q.shape[-1]
     kv_len = min(meta.max_seq_len, sliding_window) if sliding_window > 0 else meta.max_seq_len
     splits = num_splits or num_kv_splits(meta.num_seqs, k_cache.shape[1], kv_len, q.device)
-    tables, lens, starts = meta.block_tables, meta.seq_lens, meta.query_start_loc
-    _launch_decode(
-        out, q, k_cache, v_cache, tables, lens, starts, scale, sliding_window, splits,
-        decode_tile or decode_config(head_dim), meta.derived,
-    )  # fmt: skip
+    tile = decode_tile or decode_config(head_dim)
+    _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile)
     if meta.max_query_len > 1:
-        _launch_prefill(
-            out, q, k_cache, v_cache, tables, lens, starts, scale, sliding_window,
-            prefill_tile or prefill_config(head_dim),
-        )  # fmt: skip
+        tile = prefill_tile or prefill_config(head_dim)
+        _launch_prefill(out, q, k_cache, v_cache, meta, scale, sliding_window, tile)
     return out
 
 
@@ -447,21 +421,19 @@ def triton_paged_attention(
 ) -> Tensor:
     """The seeds' decode entry point: ``q [B, H, 1, D]`` → ``[B, H, 1, D]``.
 
-    Sequence ``b``'s single query sits at position ``seq_lens[b] - 1``; ``window_size > 0``
-    limits it to the last ``window_size`` keys.
+    Sequence ``b``'s query sits at position ``seq_lens[b] - 1`` and sees the keys before it,
+    only the last ``window_size`` of them when ``window_size > 0``.
     """
-    q3 = q[:, :, 0, :]
-    _check_inputs(q3, k_pool, v_pool)
-    batch = q.shape[0]
-    out = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
-    if batch == 0:
-        return out.unsqueeze(2)
-    starts = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-    kv_len = max_num_blocks * k_pool.shape[2]
-    kv_len = min(kv_len, window_size) if window_size > 0 else kv_len
-    splits = num_kv_splits(batch, k_pool.shape[1], kv_len, q.device)
-    _launch_decode(
-        out, q3, k_pool, v_pool, page_table[:, :max_num_blocks], seq_lens, starts, scale,
-        window_size, splits, decode_config(q.shape[-1]), {},
-    )  # fmt: skip
+    batch, device = q.shape[0], q.device
+    no_slots = torch.empty(0, dtype=torch.int64, device=device)
+    meta = AttentionMetadata(
+        positions=no_slots,
+        slot_mapping=no_slots,
+        block_tables=page_table[:, :max_num_blocks],
+        seq_lens=seq_lens,
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        max_query_len=1,
+        max_seq_len=max_num_blocks * k_pool.shape[2],
+    )
+    out = paged_attention_triton(q[:, :, 0], k_pool, v_pool, meta, scale, window_size)
     return out.unsqueeze(2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +36,8 @@ class ModelSource:
     kind: Literal["gguf", "safetensors", "preset"]
     hf_config: dict[str, Any]
     path: Path | None = None  # .gguf file or checkpoint directory
+    # The opened GGUF file, kept so that its (slow to parse) metadata is read only once.
+    gguf: GGUFFile | None = field(default=None, repr=False)
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -53,7 +55,8 @@ def resolve_model(model: str) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} does not exist")
-        return ModelSource(path.name, "gguf", GGUFFile(path).hf_config(), path)
+        gguf_file = GGUFFile(path)
+        return ModelSource(path.name, "gguf", gguf_file.hf_config(), path, gguf_file)
     if path.is_dir():
         return ModelSource(path.name, "safetensors", SafetensorsCheckpoint(path).config, path)
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
@@ -132,7 +135,7 @@ def load_model(
         fill_dummy_weights(model, seed)
     elif source.kind == "gguf":
         assert source.path is not None
-        gguf_file = GGUFFile(source.path)
+        gguf_file = source.gguf or GGUFFile(source.path)
         load_checkpoint(model, gguf_file.tensors(config.num_heads, config.num_kv_heads),
                         gguf_file.num_tensors(), source.name)
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -49,11 +50,12 @@ class MergedLinear(nn.Linear):
             self.shard_offsets[name] = (start, size)
             start += size
 
-    def load_shard(self, shard: str, param: str, tensor: Tensor) -> None:
+    def load_shard(self, shard: str, param: str, tensor: Tensor, name: str) -> None:
+        """Copy checkpoint tensor ``name`` (the ``param`` of ``shard``) into its rows."""
         start, size = self.shard_offsets[shard]
         target = self.weight if param == "weight" else self.bias
         assert target is not None
-        _copy_checked(target.data[start : start + size], tensor, f"{shard}.{param}")
+        _copy_checked(target.data[start : start + size], tensor, name)
 
 
 def _copy_checked(target: Tensor, tensor: Tensor, name: str) -> None:
@@ -100,7 +102,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(
-            config.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
+            config.hidden_size,
+            {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
             bias=config.attention_bias,
         )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
@@ -123,8 +126,16 @@ class Attention(nn.Module):
             q, k = self.q_norm.norm(q), self.k_norm.norm(k)
         q, k = apply_rope(q, k, positions, cos_sin)
         assert self.k_cache is not None and self.v_cache is not None, "KV cache not bound"
-        out = attend(q, k, v, self.k_cache, self.v_cache, meta,
-                     scale=self.scale, sliding_window=self.sliding_window)
+        out = attend(
+            q,
+            k,
+            v,
+            self.k_cache,
+            self.v_cache,
+            meta,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+        )
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
@@ -210,9 +221,12 @@ class DecoderModel(nn.Module):
             layer.self_attn.k_cache = k_cache[i]
             layer.self_attn.v_cache = v_cache[i]
 
-    _fused = {
-        "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-        "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    _fused: ClassVar[dict[str, str]] = {
+        "q_proj": "qkv_proj",
+        "k_proj": "qkv_proj",
+        "v_proj": "qkv_proj",
+        "gate_proj": "gate_up_proj",
+        "up_proj": "gate_up_proj",
     }
 
     def load_weight(self, name: str, tensor: Tensor) -> bool:
@@ -222,7 +236,7 @@ class DecoderModel(nn.Module):
             shard = parts[-2]
             module = self.get_submodule(".".join([*parts[:-2], self._fused[shard]]))
             assert isinstance(module, MergedLinear)
-            module.load_shard(shard, parts[-1], tensor)
+            module.load_shard(shard, parts[-1], tensor, name)
             return True
         try:
             target = self.get_parameter(name)

@@ -25,7 +25,11 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
 
     def forward(
-        self, x: Tensor, residual: Tensor | None, positions: Tensor, meta: AttentionMetadata,
+        self,
+        x: Tensor,
+        residual: Tensor | None,
+        positions: Tensor,
+        meta: AttentionMetadata,
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
         h, residual = self.input_layernorm(x, residual)

@@ -19,7 +19,11 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: Tensor, residual: Tensor | None, positions: Tensor, meta: AttentionMetadata,
+        self,
+        x: Tensor,
+        residual: Tensor | None,
+        positions: Tensor,
+        meta: AttentionMetadata,
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """Takes the previous layer's output and the running residual (added here, fused)."""

