@@ -24,7 +24,12 @@ from infer.loader.safetensors import SafetensorsCheckpoint, download_from_hub
 from infer.models import DecoderModel, model_class
 
 # Checkpoint tensors that are not weights of the text decoder.
-_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_SKIPPED_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -97,13 +102,16 @@ def load_checkpoint(
     """Copy every checkpoint tensor into ``model``; all expected tensors must appear."""
     expected = model.expected_weights()
     loaded: set[str] = set()
-    for name, tensor in tqdm(tensors, total=total, desc=f"Loading {label}", unit="tensor",
-                             leave=False):
+    for name, tensor in tqdm(
+        tensors, total=total, desc=f"Loading {label}", unit="tensor", leave=False
+    ):
         if name.startswith(_SKIPPED_PREFIXES) or name.endswith(_SKIPPED_SUFFIXES):
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        if not model.load_weight(name, tensor):
+        # Checked against the expected names first: a layer index beyond the model's depth
+        # would otherwise fail inside ``load_weight`` without naming the tensor.
+        if name not in expected or not model.load_weight(name, tensor):
             raise ValueError(f"tensor {name}: not a weight of {type(model).__name__}")
         loaded.add(name)
     missing = sorted(expected - loaded)
@@ -128,16 +136,21 @@ def load_model(
             "use --load-format dummy"
         )
     if load_format not in ("auto", "dummy", source.kind):
-        raise ValueError(f"load_format: {load_format!r} does not match {source.name} "
-                         f"(a {source.kind} model)")
+        raise ValueError(
+            f"load_format: {load_format!r} does not match {source.name} (a {source.kind} model)"
+        )
     model = build_model(config, device, dtype, max_positions)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif source.kind == "gguf":
         assert source.path is not None
         gguf_file = source.gguf or GGUFFile(source.path)
-        load_checkpoint(model, gguf_file.tensors(config.num_heads, config.num_kv_heads),
-                        gguf_file.num_tensors(), source.name)
+        load_checkpoint(
+            model,
+            gguf_file.tensors(config.num_heads, config.num_kv_heads),
+            gguf_file.num_tensors(),
+            source.name,
+        )
     else:
         assert source.path is not None
         checkpoint = SafetensorsCheckpoint(source.path)

@@ -59,19 +59,24 @@ class GGUFFile:
         entry = self.reader.fields.get(key)
         if entry is None:
             return default
-        if entry.types and entry.types[0] == GGUFValueType.ARRAY and len(entry.types) > 1:
-            if entry.types[1] != GGUFValueType.STRING:
-                return list(entry.contents())
+        types = entry.types
+        if len(types) > 1 and types[0] == GGUFValueType.ARRAY and types[1] != GGUFValueType.STRING:
+            return list(entry.contents())
         return entry.contents()
 
     def hf_config(self) -> dict[str, Any]:
         """The metadata expressed as a Hugging Face ``config.json`` dictionary."""
         a = self.arch
+        tensors = {t.name: t for t in self.reader.tensors}
+        if "token_embd.weight" not in tensors:
+            raise ValueError(f"tensor token_embd.weight: missing from {self.path}")
         hidden = int(self.field(f"{a}.embedding_length"))
         heads = int(self.field(f"{a}.attention.head_count"))
-        head_dim = int(self.field(f"{a}.attention.key_length", hidden // heads))
-        vocab = self.field(f"{a}.vocab_size") or len(self.reader.fields["tokenizer.ggml.tokens"].data)
-        tensor_names = {t.name for t in self.reader.tensors}
+        head_dim = int(
+            self.field(f"{a}.attention.key_length")
+            or self.field(f"{a}.rope.dimension_count", hidden // heads)
+        )
+        eos = [self.field(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id")]
         config: dict[str, Any] = {
             "model_type": _ARCHES[a],
             "hidden_size": hidden,
@@ -80,25 +85,30 @@ class GGUFFile:
             "num_attention_heads": heads,
             "num_key_value_heads": int(self.field(f"{a}.attention.head_count_kv", heads)),
             "head_dim": head_dim,
-            "vocab_size": int(vocab),
+            # The embedding's rows (ggml order is [hidden, vocab]); the tokenizer may be absent.
+            "vocab_size": int(tensors["token_embd.weight"].shape[1]),
             "rms_norm_eps": float(self.field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self.field(f"{a}.rope.freq_base", 10_000.0)),
             "max_position_embeddings": int(self.field(f"{a}.context_length", 8192)),
-            "tie_word_embeddings": "output.weight" not in tensor_names,
+            "tie_word_embeddings": "output.weight" not in tensors,
             "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
+            "eos_token_id": list(dict.fromkeys(int(e) for e in eos if e is not None)) or None,
         }
-        if "rope_freqs.weight" in tensor_names:
+        if "rope_freqs.weight" in tensors:
+            # llama.cpp keeps Llama 3 scaling only as this table of per-frequency divisors;
+            # its largest entry is the factor (the band edges are those of every Llama 3.x).
+            divisors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float32)
             config["rope_scaling"] = {
                 "rope_type": "llama3",
-                "factor": float(self.field(f"{a}.rope.scaling.factor", 8.0)),
+                "factor": float(divisors.max()),
                 "original_max_position_embeddings": int(
                     self.field(f"{a}.rope.scaling.original_context_length", 8192)
                 ),
             }
         elif self.field(f"{a}.rope.scaling.type") == "linear":
             config["rope_scaling"] = {
-                "rope_type": "linear", "factor": float(self.field(f"{a}.rope.scaling.factor")),
+                "rope_type": "linear",
+                "factor": float(self.field(f"{a}.rope.scaling.factor")),
             }
         if a == "gemma3":
             config.update(
@@ -114,7 +124,8 @@ class GGUFFile:
         return self.field("tokenizer.chat_template")
 
     def num_tensors(self) -> int:
-        return len(self.reader.tensors)
+        """How many tensors ``tensors`` yields."""
+        return sum(t.name not in _IGNORED for t in self.reader.tensors)
 
     def tensors(self, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, float32 tensor)`` for every weight, dequantised."""

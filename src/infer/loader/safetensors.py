@@ -31,13 +31,14 @@ class SafetensorsCheckpoint:
             files = sorted(set(weight_map.values()))
             missing = [f for f in files if not (self.directory / f).is_file()]
             if missing:
-                raise FileNotFoundError(f"{self.directory}: shard {missing[0]} listed in the "
-                                        "index is missing")
+                raise FileNotFoundError(
+                    f"{self.directory}: shard {missing[0]} listed in the index is missing"
+                )
             return [self.directory / f for f in files]
-        files = sorted(self.directory.glob("*.safetensors"))
-        if not files:
+        found = sorted(self.directory.glob("*.safetensors"))
+        if not found:
             raise FileNotFoundError(f"{self.directory} has no *.safetensors weights")
-        return files
+        return found
 
     def num_tensors(self) -> int:
         total = 0
