@@ -20,7 +20,7 @@ from infer.kvsim.planner import format_plan, format_sweep, plan_capacity, plans_
 from infer.kvsim.report import format_table, plot, to_json
 from infer.kvsim.simulator import DEFAULT_STEP_S, simulate
 from infer.kvsim.strategies import STRATEGIES, parse_strategies
-from infer.kvsim.trace import WORKLOADS, make_trace
+from infer.kvsim.trace import describe_workloads, make_trace
 from infer.kvsim.units import format_bytes, parse_memory
 
 # Compute limits are off unless asked for: the simulator answers memory questions.
@@ -31,15 +31,16 @@ _EPILOG = f"""\
 strategies (--strategies, all by default):
 {chr(10).join(f"  {name:<13} {text}" for name, text in STRATEGIES.items())}
 
-workloads (--workload): {", ".join(WORKLOADS)}, or a JSONL trace file with one
-  {{"arrival_s", "prompt_tokens", "output_tokens"[, "prefix_id"[, "prefix_tokens"]]}} per line
-  (shapes: python -c "import infer.kvsim.trace as t; print(t.__doc__)").
+workloads (--workload; [default number of requests]):
+{chr(10).join(f"  {name:<20} {text}" for name, text in describe_workloads().items())}
+  or a JSONL trace file with one {{"arrival_s", "prompt_tokens", "output_tokens"
+  [, "prefix_id"[, "prefix_tokens"]]}} object per line.
   --model lab is Lab 0.3's model: 32 KV heads x 128 dim, one layer, no weights (16 KiB/token).
 
 measurements: utilisation = allocated / pool blocks after each engine step (mean over
   steps, peak); internal fragmentation = empty token slots inside allocated blocks
   (memory-weighted over steps); external fragmentation = share of the pool free while an
-  allocation that many free blocks could hold was refused (mean over steps); refused = never
+  allocation needing no more than that was refused (mean over steps); refused = never
   served (prompt >= max_seq_len, queue full, larger than the cache); delayed = not admitted
   on arrival, or preempted and recomputed. The engine's scheduler decides every step
   (admission reserve, preemption of the newest request, chunked prefill).
@@ -56,45 +57,87 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", help="lab, a built-in name (llama-3.2-3b, gemma-3-1b, ...), "
-                        ".gguf file, HF directory or Hub id; only its config is read")
+    parser.add_argument(
+        "--model",
+        help="lab, a built-in name (llama-3.2-3b, gemma-3-1b, ...), "
+        ".gguf file, HF directory or Hub id; only its config is read",
+    )
     parser.add_argument("--memory", help="KV cache memory, e.g. 16GiB, 40GB, 512MiB")
     parser.add_argument("--workload", help="built-in workload name or JSONL trace path")
-    parser.add_argument("--block-size", type=int, default=EngineConfig.block_size,
-                        help="tokens per block (default: %(default)s)")
-    parser.add_argument("--max-seq-len", type=int, default=DEFAULT_MAX_SEQ_LEN,
-                        help="longest sequence; the naive slot size (default: %(default)s)")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help="comma-separated subset of the strategies below")
-    parser.add_argument("--num-requests", type=int, help="requests of a built-in workload "
-                        "(default: the workload's own count); first N of a trace file")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=EngineConfig.block_size,
+        help="tokens per block (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=DEFAULT_MAX_SEQ_LEN,
+        help="longest sequence; the naive slot size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help="comma-separated subset of the strategies below",
+    )
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        help="requests of a built-in workload "
+        "(default: the workload's own count); first N of a trace file",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload generator seed")
-    parser.add_argument("--dtype", default="bfloat16", help="K/V (and weight) dtype: "
-                        "float32 | float16 | bfloat16 (default: %(default)s)")
-    parser.add_argument("--window", type=int, help="paged+window's window in tokens (default: "
-                        "the model's sliding window, else the lab's 4 blocks on every layer)")
-    parser.add_argument("--step-ms", type=float, default=DEFAULT_STEP_S * 1000,
-                        help="simulated duration of one engine step (default: %(default)s)")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON array, one object per strategy")
-    parser.add_argument("--plot", nargs="?", const=".", metavar="DIR",
-                        help="write kvsim_memory.png and kvsim_concurrency.png to DIR "
-                        "(default: the current directory)")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="K/V (and weight) dtype: float32 | float16 | bfloat16 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        help="paged+window's window in tokens (default: "
+        "the model's sliding window, else the lab's 4 blocks on every layer)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=DEFAULT_STEP_S * 1000,
+        help="simulated duration of one engine step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON array, one object per strategy"
+    )
+    parser.add_argument(
+        "--plot",
+        nargs="?",
+        const=".",
+        metavar="DIR",
+        help="write kvsim_memory.png and kvsim_concurrency.png to DIR "
+        "(default: the current directory)",
+    )
     limits = parser.add_argument_group("scheduler limits (the engine's flags; off by default)")
     limits.add_argument("--max-batch-size", type=int, help="running sequences at most")
     limits.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most")
     limits.add_argument("--max-waiting-requests", type=int, help="queue length at most")
-    limits.add_argument("--admission-reserve", type=float,
-                        default=EngineConfig.admission_reserve,
-                        help="free cache kept for running requests' growth (default: "
-                        "%(default)s, the engine's)")
-    limits.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction,
-                        default=EngineConfig.use_chunked_prefill)
-    limits.add_argument("--prefill-chunk-size", type=int,
-                        default=EngineConfig.prefill_chunk_size)
+    limits.add_argument(
+        "--admission-reserve",
+        type=float,
+        default=EngineConfig.admission_reserve,
+        help="free cache kept for running requests' growth (default: %(default)s, the engine's)",
+    )
+    limits.add_argument(
+        "--chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=EngineConfig.use_chunked_prefill,
+    )
+    limits.add_argument("--prefill-chunk-size", type=int, default=EngineConfig.prefill_chunk_size)
     lab = parser.add_argument_group("Lab 0.3, chapter 1")
-    lab.add_argument("--explain-cache", action="store_true",
-                     help="count K/V computations with and without a cache, then exit")
+    lab.add_argument(
+        "--explain-cache",
+        action="store_true",
+        help="count K/V computations with and without a cache, then exit",
+    )
     lab.add_argument("--prompt", type=int, default=128, help="prompt tokens (default: 128)")
     lab.add_argument("--generate", type=int, default=100, help="generated tokens (default: 100)")
     parser.set_defaults(handler=run)
@@ -111,17 +154,27 @@ def _add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, help="as for infer kvsim (lab: no weights)")
     parser.add_argument("--gpu-memory", required=True, help="GPU memory, e.g. 40GiB, 80GB")
-    parser.add_argument("--avg-tokens", required=True,
-                        help="average tokens per sequence (prompt + output); comma-separated "
-                        "values print a table")
+    parser.add_argument(
+        "--avg-tokens",
+        required=True,
+        help="average tokens per sequence (prompt + output); comma-separated values print a table",
+    )
     parser.add_argument("--peak-tokens", type=int, help="longest sequence (default: max_seq_len)")
     parser.add_argument("--users", type=int, default=1, help="concurrent users to serve")
     parser.add_argument("--block-size", type=int, default=EngineConfig.block_size)
-    parser.add_argument("--max-seq-len", type=int, default=DEFAULT_MAX_SEQ_LEN,
-                        help="naive reservation per sequence (default: %(default)s)")
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=DEFAULT_MAX_SEQ_LEN,
+        help="naive reservation per sequence (default: %(default)s)",
+    )
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=1.0,
-                        help="share of GPU memory usable (default: all of it, as the lab)")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=1.0,
+        help="share of GPU memory usable (default: all of it, as the lab)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(handler=run_plan)
 
@@ -151,15 +204,23 @@ def run(args: argparse.Namespace) -> int:
         use_prefix_caching=False,
     )
     results = [
-        simulate(trace, name, footprint, memory, config, window=args.window,
-                 step_s=args.step_ms / 1000, progress=True)
+        simulate(
+            trace,
+            name,
+            footprint,
+            memory,
+            config,
+            window=args.window,
+            step_s=args.step_ms / 1000,
+            progress=True,
+        )
         for name in strategies
     ]
     title = f"{args.workload} on {footprint.name}, {format_bytes(memory)} of KV cache"
     if args.json:
         print(to_json(results))
     else:
-        print(_header(footprint, memory, args, len(trace), strategies))
+        print(_header(footprint, memory, args, len(trace.requests), strategies))
         print(format_table(results))
     if args.plot is not None:
         for path in plot(results, Path(args.plot), title):
@@ -171,7 +232,8 @@ def _header(
     f: KVFootprint, memory: int, args: argparse.Namespace, requests: int, strategies: list[str]
 ) -> str:
     lines = [
-        f"KV-cache simulation: workload {args.workload} ({requests} requests), model {f.name}",
+        f"KV-cache simulation: workload {args.workload} ({requests} request"
+        f"{'' if requests == 1 else 's'}), model {f.name}",
         f"  {format_bytes(f.bytes_per_token)} of K/V per token = {f.num_layers} layers x "
         f"{f.num_kv_heads} KV heads x {f.head_dim} dim x 2 (K, V) x {f.dtype_bytes} bytes"
         + (f" ({f.window_layers} layers with a {f.window}-token window)" if f.window else ""),
@@ -199,8 +261,13 @@ def run_plan(args: argparse.Namespace) -> int:
         ) from None
     plans = [
         plan_capacity(
-            footprint, gpu_memory, avg, args.users, peak_tokens=args.peak_tokens,
-            block_size=args.block_size, max_seq_len=args.max_seq_len,
+            footprint,
+            gpu_memory,
+            avg,
+            args.users,
+            peak_tokens=args.peak_tokens,
+            block_size=args.block_size,
+            max_seq_len=args.max_seq_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
         )
         for avg in averages

@@ -1,0 +1,33 @@
+"""The ``naive`` strategy: Lab 0.3's ``NaiveKVCache``, one ``max_seq_len`` region per sequence.
+
+It is the engine's contiguous backend (``SlottedKVCache``): a sequence reserves a whole
+slot of ``max_seq_len`` tokens at admission, however short it turns out to be, so most of
+the memory it holds is internal fragmentation, and a new sequence waits for a free slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infer.cache.slotted import SlottedKVCache
+from infer.kvsim.pool import RefusalLog, TableMeasures, bookkeeping_tensors
+
+
+class NaivePool(TableMeasures, SlottedKVCache):
+    """``SlottedKVCache`` with as many ``max_seq_len`` slots as ``num_blocks`` hold."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, bytes_per_block: int, max_seq_len: int
+    ) -> None:
+        k, v = bookkeeping_tensors(num_blocks, block_size)
+        super().__init__(k, v, block_size, max_seq_len)
+        self.backend = "naive"
+        self.bytes_per_block = bytes_per_block
+        self.refusals = RefusalLog()
+
+    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+        try:
+            return super().allocate_slot(initial_tokens, token_ids)
+        except RuntimeError:  # no free slot: a new sequence needs a whole one
+            self.refusals.record(self.blocks_per_slot, self.allocator.num_free())
+            raise

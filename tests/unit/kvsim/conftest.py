@@ -1,0 +1,22 @@
+"""Shared setup of the simulator tests: the scheduler settings of a pure memory question."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer.config import EngineConfig
+
+UNLIMITED = 2**62
+
+
+@pytest.fixture
+def memory_only() -> EngineConfig:
+    """No batch, token or queue limits; the engine's admission reserve and chunking."""
+    return EngineConfig(
+        model="lab",
+        max_seq_len=2048,
+        max_batch_size=UNLIMITED,
+        max_num_batched_tokens=UNLIMITED,
+        max_waiting_requests=UNLIMITED,
+        use_prefix_caching=False,
+    )

@@ -1,0 +1,73 @@
+"""KV bytes per token and weight counts, from model configs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from infer.config import ModelConfig
+from infer.kvsim.footprint import LAB_WINDOW_BLOCKS, footprint_of_config, load_footprint
+from infer.loader.presets import preset_config
+
+
+def test_lab_model_is_16_kib_per_token_without_weights() -> None:
+    lab = load_footprint("lab")
+    assert lab.bytes_per_token == 2 * 32 * 128 * 2 == 16 * 1024
+    assert lab.weight_bytes == 0
+    assert lab.block_bytes(16) == 16 * 16 * 1024
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-3b", "qwen3-4b", "gemma-3-1b"])
+def test_bytes_per_token_is_layers_heads_dim_two_dtype(model: str) -> None:
+    raw = preset_config(model)
+    assert raw is not None
+    footprint = load_footprint(model, dtype="float16")
+    expected = raw["num_hidden_layers"] * raw["num_key_value_heads"] * raw["head_dim"] * 2 * 2
+    assert footprint.bytes_per_token == expected
+
+
+def test_gemma_windowed_layers_are_counted_as_such() -> None:
+    gemma = load_footprint("gemma-3-1b")
+    assert (gemma.window_layers, gemma.full_layers, gemma.window) == (22, 4, 512)
+    assert load_footprint("llama-3.2-3b").window_layers == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_weight_params_match_transformers(
+    family: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoint(family)
+    footprint = load_footprint(str(path), dtype="float32")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert footprint.weight_params == reference.num_parameters()  # tied embeddings once
+    assert footprint.weight_bytes == 4 * footprint.weight_params
+
+
+def test_with_window_keeps_a_models_own_window_and_makes_one_up_otherwise() -> None:
+    gemma = load_footprint("gemma-3-1b")
+    assert gemma.with_window(None, 16) == gemma
+    assert gemma.with_window(128, 16).window == 128
+    assert gemma.with_window(128, 16).window_layers == 22
+    llama = load_footprint("llama-3.2-1b").with_window(None, 32)
+    assert (llama.window_layers, llama.window) == (llama.num_layers, LAB_WINDOW_BLOCKS * 32)
+    with pytest.raises(ValueError, match=r"^window: "):
+        gemma.with_window(0, 16)
+
+
+def test_unknown_dtype_and_model_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match=r"^dtype: "):
+        load_footprint("lab", dtype="fp8")
+    with pytest.raises(FileNotFoundError):
+        load_footprint("no-such-model")
+
+
+def test_footprint_of_config_reads_no_weights() -> None:
+    raw = preset_config("llama-3.1-8b")
+    assert raw is not None
+    footprint = footprint_of_config("8b", ModelConfig.from_hf_dict(raw), "bfloat16")
+    assert 8.0e9 < footprint.weight_params < 8.1e9
