@@ -18,11 +18,14 @@ import asyncio
 import logging
 import multiprocessing
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infer.bench.metrics import RunResult
 from infer.bench.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "offline", help="run workloads in-process: infer, transformers, or both side by side"
     )
     offline.add_argument(
-        "--engine", choices=("infer", "hf", "both"), default="infer",
+        "--engine",
+        choices=("infer", "hf", "both"),
+        default="infer",
         help="infer; hf = Hugging Face transformers on the same model and device (it uses "
         "only --model, --load-format, --device, --dtype); both = each in its own process, "
         "then the ratio (default: infer)",
@@ -49,12 +54,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     serve = commands.add_parser("serve", help="stream workloads to a running server over HTTP")
     serve.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
-    serve.add_argument("--model", default=None,
-                       help="model name to request (default: the first of /v1/models)")
-    serve.add_argument("--vocab-size", type=int, default=32000,
-                       help="prompt token ids are drawn below min(20000, this) (default: 32000)")
-    serve.add_argument("--timeout", type=float, default=600.0,
-                       help="seconds one request may take (default: 600)")
+    serve.add_argument(
+        "--model", default=None, help="model name to request (default: the first of /v1/models)"
+    )
+    serve.add_argument(
+        "--vocab-size",
+        type=int,
+        default=32000,
+        help="prompt token ids are drawn below min(20000, this) (default: 32000)",
+    )
+    serve.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one request may take (default: 600)"
+    )
     _add_workload_args(serve)
     serve.set_defaults(handler=run_serve)
 
@@ -65,28 +76,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", required=True,
-                        help="one or more (comma-separated) of: " + ", ".join(WORKLOADS))
-    parser.add_argument("--num-requests", type=int, default=None,
-                        help="scale the workload to this many requests (default: its own)")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="cap every request's output (quick runs; default: the workload's)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help=f"unmeasured warm-up requests ({WARMUP_MAX_TOKENS} output tokens "
-                        "each) before the measured run (default: 2)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="workload seed (also the engine's weight/sampling seed; default: 0)")
-    parser.add_argument("--output", default=None,
-                        help="result JSON path (default: benchmarks/results/<model>-<workload>-"
-                        "<date>-<engine>.json); with several results, the stem of their names")
-    parser.add_argument("--plot", action="store_true",
-                        help="also draw latency CDFs and throughput over time (PNG)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bars")
+    parser.add_argument(
+        "--workload",
+        required=True,
+        help="one or more (comma-separated) of: " + ", ".join(WORKLOADS),
+    )
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="scale the workload to this many requests (default: its own)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="cap every request's output (quick runs; default: the workload's)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help=f"unmeasured warm-up requests ({WARMUP_MAX_TOKENS} output tokens "
+        "each) before the measured run (default: 2)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="workload seed (also the engine's weight/sampling seed; default: 0)",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="result JSON path (default: benchmarks/results/<model>-<workload>-"
+        "<date>-<engine>.json); with several results, the stem of their names",
+    )
+    parser.add_argument(
+        "--plot", action="store_true", help="also draw latency CDFs and throughput over time (PNG)"
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bars"
+    )
 
 
 def _workloads(args: argparse.Namespace, vocab_size: int) -> list[tuple[Workload, Workload | None]]:
-    """The measured workloads and their warm-ups (a different seed, short outputs)."""
+    """The measured workloads and their warm-ups (another seed, so they share no prompt or
+    prefix with the measured requests; short outputs)."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError(f"max_tokens: must be >= 1, got {args.max_tokens}")
     if args.warmup < 0:
@@ -154,19 +190,32 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
     run, details = _engine_runner(engine, config, args.progress)
     ok = True
     for workload, warmup in pairs:
-        head: dict[str, Any] = {"engine": engine, "model": config.model,
-                                "workload": workload.name, "description": workload.description}
+        head: dict[str, Any] = {
+            "engine": engine,
+            "model": config.model,
+            "workload": workload.name,
+            "description": workload.description,
+        }
         try:
             summary = summarize(run(workload, warmup))
         except Exception as exc:  # keep going: one failed run is itself a result
             logger.exception("%s %s failed", engine, workload.name)
-            summary = {"num_requests": len(workload.requests),
-                       "num_failed": len(workload.requests),
-                       "errors": [f"{type(exc).__name__}: {exc}"[:300]], "output_tok_s": 0.0}
+            summary = {
+                "num_requests": len(workload.requests),
+                "num_failed": len(workload.requests),
+                "errors": [f"{type(exc).__name__}: {exc}"[:300]],
+                "output_tok_s": 0.0,
+            }
             ok = False
-        record = {**head, **summary, **environment(), "seed": args.seed,
-                  "max_tokens_cap": args.max_tokens, "warmup_requests": args.warmup,
-                  "engine_config": details}
+        record = {
+            **head,
+            **summary,
+            **environment(),
+            "seed": args.seed,
+            "max_tokens_cap": args.max_tokens,
+            "warmup_requests": args.warmup,
+            "engine_config": details,
+        }
         if engine == "infer":
             record["roofline"] = workload_roofline(
                 model_config, workload, ceilings, config.torch_dtype.itemsize
@@ -176,28 +225,37 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
     return ok
 
 
-def _engine_runner(engine: str, config: Any, progress: bool) -> tuple[Any, dict[str, Any]]:
-    """``run(workload, warmup) -> RunResult`` for one engine, and its settings to record."""
-    import dataclasses
-
+def _engine_runner(
+    engine: str, config: EngineConfig, progress: bool
+) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any]]:
+    """``run(workload, warmup)`` for one engine (loaded once), and its settings to record."""
     if engine == "infer":
         from infer.bench.offline import run_infer
         from infer.engine.llm import LLM
 
-        options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                   if f.name not in ("model", "extra")}
+        options = {name: getattr(config, name) for name in EngineConfig.field_names()}
+        del options["model"]
         llm = LLM(config.model, **options)
-        details = {**options, "device": str(llm.engine.device), "dtype": str(llm.engine.dtype),
-                   "num_blocks": llm.engine.pool.num_blocks, "max_seq_len": llm.engine.max_seq_len,
-                   "cuda_graphs": config.cuda_graphs_enabled}
+        details = {
+            **options,
+            "device": str(llm.engine.device),
+            "dtype": str(llm.engine.dtype),
+            "num_blocks": llm.engine.pool.num_blocks,
+            "max_seq_len": llm.engine.max_seq_len,
+            "cuda_graphs": config.cuda_graphs_enabled,
+        }
         return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details
 
     from infer.bench.hf_peer import build_hf_model, run_hf
 
-    model = build_hf_model(config.model, config.load_format, config.resolved_device,
-                           config.torch_dtype, config.seed)
-    details = {"device": str(model.device), "dtype": str(model.dtype),
-               "load_format": config.load_format}
+    model = build_hf_model(
+        config.model, config.load_format, config.resolved_device, config.torch_dtype, config.seed
+    )
+    details = {
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "load_format": config.load_format,
+    }
     return (lambda w, warm: run_hf(model, w, warm, progress)), details
 
 
@@ -208,7 +266,6 @@ def _report(
     plot_paths: dict[str, Path] | None,
 ) -> None:
     from infer.bench.results import read_json
-    from infer.bench.table import format_ceilings, format_table
 
     records = []
     for name in names:
@@ -219,11 +276,7 @@ def _report(
             print(f"plot → {plot_results(group, plot_paths[name])}")
         records += group
     if records:
-        print()
-        print(format_table(records))
-        ceilings = format_ceilings(records)
-        if ceilings:
-            print("\nRoofline ceilings (measured):\n" + ceilings)
+        print("\n" + _tables(records))
 
 
 # --- serve ---------------------------------------------------------------------------------
@@ -248,10 +301,18 @@ def run_serve(args: argparse.Namespace) -> int:
         plot_paths.update(plots)
         summary = summarize(result)
         failed = failed or summary["num_failed"] > 0
-        record = {"engine": "server", "model": model, "workload": workload.name,
-                  "description": workload.description, "url": args.url, **summary,
-                  **environment(), "seed": args.seed, "max_tokens_cap": args.max_tokens,
-                  "warmup_requests": args.warmup}
+        record = {
+            "engine": "server",
+            "model": model,
+            "workload": workload.name,
+            "description": workload.description,
+            "url": args.url,
+            **summary,
+            **environment(),
+            "seed": args.seed,
+            "max_tokens_cap": args.max_tokens,
+            "warmup_requests": args.warmup,
+        }
         path = write_json(record, json_paths[workload.name, "server"])
         _print_done("server", workload.name, summary, path)
     _report(names, ["server"], json_paths, plot_paths if args.plot else None)
@@ -259,21 +320,43 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path) -> None:
-    failures = f", {summary['num_failed']} failed: {summary['errors']}" if summary["num_failed"] else ""
-    print(f"{engine} {workload}: {summary['output_tok_s']:,.1f} output tok/s{failures} → {path}",
-          flush=True)
+    """One run's numbers as they come (the table at the end has the main ones)."""
+    parts = [f"{summary['output_tok_s']:,.1f} output tok/s"]
+    if "requests_per_s" in summary:
+        parts.append(f"{summary['requests_per_s']:,.2f} req/s")
+    for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        stats = summary.get(key) or {}
+        if stats.get("p50") is not None:
+            values = "/".join(f"{stats[p]:,.1f}" for p in ("p50", "p90", "p99"))
+            parts.append(f"{label} p50/p90/p99 {values} ms")
+    if "peak_kv_utilization" in summary:
+        parts.append(f"peak KV {summary['peak_kv_utilization']:.0%}")
+    if "preemptions" in summary:
+        parts.append(f"{summary['preemptions']} preemptions")
+    if summary["num_failed"]:
+        parts.append(f"{summary['num_failed']} failed: {summary['errors']}")
+    print(f"{engine} {workload}: {', '.join(parts)} → {path}", flush=True)
 
 
 # --- table ---------------------------------------------------------------------------------
-def run_table(args: argparse.Namespace) -> int:
-    from infer.bench.results import read_json
-    from infer.bench.table import format_ceilings, format_table
+def _tables(records: list[dict[str, Any]]) -> str:
+    """Results table, then the roofline behind it (when the records carry one)."""
+    from infer.bench.table import format_ceilings, format_roofline, format_table
 
-    records = [read_json(path) for path in args.files]
-    text = format_table(records)
+    parts = [format_table(records)]
+    roofline = format_roofline(records)
+    if roofline:
+        parts.append("Roofline:\n\n" + roofline)
     ceilings = format_ceilings(records)
     if ceilings:
-        text += "\n\nRoofline ceilings (measured):\n" + ceilings
+        parts.append("Measured ceilings:\n" + ceilings)
+    return "\n\n".join(parts)
+
+
+def run_table(args: argparse.Namespace) -> int:
+    from infer.bench.results import read_json
+
+    text = _tables([read_json(path) for path in args.files])
     print(text)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

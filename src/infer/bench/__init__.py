@@ -1,0 +1,2 @@
+"""Benchmark harness: workloads, the infer / transformers / HTTP runners, metrics, results,
+tables, plots and the roofline (``infer bench``)."""

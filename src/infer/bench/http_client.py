@@ -1,0 +1,153 @@
+"""Serving benchmark client: streams ``/v1/completions`` over HTTP with a workload's arrivals.
+
+Each request sends its prompt as token ids (``"prompt": [ids]``), ``max_tokens``,
+``ignore_eos``, greedy decoding and ``stream: true``, and is timed on the client: TTFT from
+just before the request is sent to the first streamed token, ITL between tokens.
+
+Token events: a chunk carries ``token_ids`` (vLLM's ``return_token_ids``, asked for), else
+one token when it has text or no finish reason yet (vLLM streams a chunk per token, text or
+not); a chunk that only says ``finish_reason`` carries none. ``usage`` in the last chunk
+(``stream_options.include_usage``) has the true count: tokens the stream did not show one by
+one (a server that skips chunks without new text, e.g. for a model without a tokenizer) are
+counted as arriving with the last chunk, spread over the gap before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from infer.bench.metrics import RequestMetrics, RunResult
+from infer.bench.workloads import RequestSpec, Workload
+
+
+async def served_model(client: httpx.AsyncClient, url: str) -> str:
+    """The first model ``GET /v1/models`` lists (what ``--model`` defaults to)."""
+    try:
+        response = await client.get(f"{url}/v1/models")
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"url: {url}/v1/models did not answer ({exc})") from exc
+    models = response.json().get("data") or []
+    if not models:
+        raise ValueError(f"url: {url}/v1/models lists no model")
+    return str(models[0]["id"])
+
+
+def _chunk_tokens(chunk: dict[str, Any]) -> int:
+    """Tokens one SSE chunk delivers."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return 0
+    choice = choices[0]
+    if choice.get("token_ids") is not None:
+        return len(choice["token_ids"])
+    if choice.get("text") or choice.get("finish_reason") is None:
+        return 1
+    return 0
+
+
+async def stream_completion(
+    client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec, start: float
+) -> RequestMetrics:
+    """Send one streaming completion; time every token from the client's side."""
+    body = {
+        "model": model,
+        "prompt": spec.prompt_token_ids,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    sent = time.perf_counter()
+    metrics = RequestMetrics(len(spec.prompt_token_ids), sent - start)
+    times = metrics.token_times_s
+    usage_tokens: int | None = None
+    last_chunk: float | None = None
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                metrics.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return metrics
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                now = time.perf_counter() - sent
+                payload = line[len("data:") :].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    metrics.error = str(chunk["error"])[:200]
+                    return metrics
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                if chunk.get("choices"):
+                    last_chunk = now
+                    _append_tokens(times, now, _chunk_tokens(chunk))
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        metrics.error = f"{type(exc).__name__}: {exc}"[:200]
+        return metrics
+    if usage_tokens is not None and last_chunk is not None and usage_tokens > len(times):
+        missing = usage_tokens - len(times)
+        if times and times[-1] == last_chunk:  # re-spread the last chunk's tokens with them
+            times.pop()
+            missing += 1
+        _append_tokens(times, last_chunk, missing)
+    return metrics
+
+
+def _append_tokens(times: list[float], now: float, count: int) -> None:
+    """``count`` tokens that arrived together at ``now``, spread over the gap before them."""
+    if count <= 0:
+        return
+    previous = times[-1] if times else now
+    step = (now - previous) / count
+    times.extend(now - step * (count - 1 - i) for i in range(count))
+
+
+async def run_serving(
+    url: str,
+    workload: Workload,
+    model: str | None = None,
+    warmup: Workload | None = None,
+    progress: bool = True,
+    timeout_s: float = 600.0,
+) -> tuple[str, RunResult]:
+    """Send ``warmup`` (one at a time, unmeasured), then ``workload`` with its arrival pattern;
+    returns the served model name and the client-side timings."""
+    url = url.rstrip("/")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model = model or await served_model(client, url)
+        for spec in warmup.requests if warmup else []:
+            await stream_completion(client, url, model, spec, time.perf_counter())
+        with tqdm(
+            total=len(workload.requests),
+            desc=f"serve {workload.name}",
+            unit="req",
+            disable=not progress,
+        ) as bar:
+            start = time.perf_counter()
+
+            async def send(spec: RequestSpec) -> RequestMetrics:
+                if not workload.sequential:
+                    await asyncio.sleep(max(0.0, start + spec.arrival_s - time.perf_counter()))
+                result = await stream_completion(client, url, model, spec, start)
+                bar.update(1)
+                return result
+
+            if workload.sequential:
+                requests = [await send(spec) for spec in workload.requests]
+            else:
+                requests = list(await asyncio.gather(*(send(s) for s in workload.requests)))
+    return model, RunResult(requests)

@@ -1,0 +1,100 @@
+"""Markdown tables of benchmark results: engines side by side, with the ratio and roofline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ENGINE_NAMES = {"infer": "infer", "hf": "transformers", "server": "infer server (HTTP)"}
+
+
+def _ms(stats: dict[str, Any], key: str) -> str:
+    value = stats.get(key)
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _row(record: dict[str, Any], peer: dict[str, Any] | None) -> str:
+    if record.get("num_requests", 0) == record.get("num_failed", 0):
+        error = "; ".join(record.get("errors") or ["no request finished"])
+        return (
+            f"| {record['model']} | {record['workload']} | "
+            f"{ENGINE_NAMES.get(record['engine'], record['engine'])} | failed: {error} |"
+        )
+    tok_s = record["output_tok_s"]
+    roofline = record.get("roofline", {}).get("output_tok_s")
+    bound = f"{roofline:,.0f} ({tok_s / roofline:.0%})" if roofline else "-"
+    ratio = "-"
+    if peer is not None and peer.get("output_tok_s"):
+        ratio = f"{tok_s / peer['output_tok_s']:.1f}x"
+    kv = record.get("peak_kv_utilization")
+    cells = [
+        record["model"],
+        record["workload"],
+        ENGINE_NAMES.get(record["engine"], record["engine"]),
+        f"{tok_s:,.1f}",
+        f"{record['requests_per_s']:,.2f}",
+        f"{_ms(record['ttft_ms'], 'p50')} / {_ms(record['ttft_ms'], 'p99')}",
+        f"{_ms(record['itl_ms'], 'p50')} / {_ms(record['itl_ms'], 'p99')}",
+        f"{_ms(record['e2e_ms'], 'p50')} / {_ms(record['e2e_ms'], 'p99')}",
+        "-" if kv is None else f"{kv:.0%}",
+        str(record.get("preemptions", "-")),
+        bound,
+        ratio,
+        f"{record['num_requests'] - record['num_failed']}/{record['num_requests']}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = (
+    "| model | workload | engine | output tok/s | req/s | TTFT p50 / p99 ms "
+    "| ITL p50 / p99 ms | E2E p50 / p99 ms | peak KV | preempt. | roofline tok/s (achieved) "
+    "| vs transformers | ok |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """One row per record, grouped by (model, workload); infer rows carry the ratio of their
+    output tok/s to the transformers record of the same model and workload."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault((record["model"], record["workload"]), []).append(record)
+    rows = [HEADER]
+    for group in groups.values():
+        peer = next((r for r in group if r["engine"] == "hf"), None)
+        for record in sorted(group, key=lambda r: r["engine"] == "hf"):
+            rows.append(_row(record, peer if record["engine"] != "hf" else None))
+    return "\n".join(rows)
+
+
+def format_ceilings(records: list[dict[str, Any]]) -> str:
+    """The measured ceilings behind the roofline column, one line per GPU."""
+    lines = {
+        f"- {r['gpu']}: copy {r['roofline']['copy_tb_s']} TB/s (read + write), "
+        f"bf16 matmul {r['roofline']['matmul_tflops']} TFLOP/s"
+        for r in records
+        if "copy_tb_s" in r.get("roofline", {})
+    }
+    return "\n".join(sorted(lines))
+
+
+def format_roofline(records: list[dict[str, Any]]) -> str:
+    """Bytes, FLOPs and time bounds behind each infer record's roofline column."""
+    rows = [
+        "| model | workload | mode | weights / step GB | decode steps | decode reads GB "
+        "| prefill TFLOP | bound s (prefill + decode) | bound output tok/s | achieved |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        roof = r.get("roofline")
+        if not roof or r["engine"] != "infer":
+            continue
+        bound = roof.get("output_tok_s")
+        seconds = f"{roof['prefill_s']} + {roof['decode_s']}" if bound else "-"
+        achieved = f"{r['output_tok_s'] / bound:.0%}" if bound else "-"
+        rows.append(
+            f"| {r['model']} | {r['workload']} | {roof['mode']} "
+            f"| {roof['weight_bytes_per_step'] / 1e9:.2f} | {roof['decode_steps']} "
+            f"| {roof['decode_bytes'] / 1e9:,.1f} | {roof['prefill_flops'] / 1e12:,.2f} "
+            f"| {seconds} | {'-' if not bound else f'{bound:,.0f}'} | {achieved} |"
+        )
+    return "\n".join(rows) if len(rows) > 2 else ""
