@@ -233,9 +233,21 @@ class Engine:
         scheduled = self.scheduler.schedule()
         outputs = [self._output(r, [], []) for r in self.scheduler.take_failed()]
         if scheduled.chunks:
-            outputs += self._run(scheduled)
+            try:
+                outputs += self._run(scheduled)
+            except Exception as exc:  # the step's requests fail; the engine keeps serving
+                logger.exception("engine step failed")
+                outputs += self._fail(scheduled, exc)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
+
+    def _fail(self, scheduled: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """Finish every request of a failed step with the error; ``retire`` frees them."""
+        message = f"{type(exc).__name__}: {exc}"
+        failed = [c.request for c in scheduled.chunks if not c.request.is_finished]
+        for request in failed:
+            request.finish("error", message)
+        return [self._output(r, [], []) for r in failed]
 
     def _run(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         sampled = [c.request for c in scheduled.chunks if c.samples]

@@ -1,0 +1,159 @@
+"""Engine behaviour step by step: streaming, chunk silence, failures, aborts, capacity."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infer import LLM, SamplingParams
+from infer.config import EngineConfig
+from infer.engine.engine import Engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_checkpoint: Callable[[str], Path]) -> str:
+    return str(tiny_checkpoint("llama"))
+
+
+def _engine(model: str, **options: object) -> Engine:
+    settings = {"model": model, "num_gpu_blocks": 64, "max_seq_len": 256, **options}
+    return Engine(EngineConfig(**settings))  # type: ignore[arg-type]
+
+
+def _drain(engine: Engine) -> dict[str, list]:  # type: ignore[type-arg]
+    outputs: dict[str, list] = {}  # type: ignore[type-arg]
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    return outputs
+
+
+def test_intermediate_prefill_chunks_emit_nothing(llama: str) -> None:
+    engine = _engine(llama, prefill_chunk_size=8)
+    engine.add_request(list(range(3, 30)), GREEDY, request_id="long")  # 4 chunks
+    emitted = [len(engine.step()) for _ in range(4)]
+    assert emitted == [0, 0, 0, 1]
+    assert engine.scheduler.running[0].prefill_progress == 27
+
+
+def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
+        llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(llama, prefill_chunk_size=8)
+    engine.add_request(list(range(3, 30)), GREEDY, request_id="victim")
+    engine.step()  # first chunk runs fine
+    original = engine.runner.execute
+
+    def broken(chunks):  # type: ignore[no-untyped-def]
+        raise RuntimeError("device fell over")
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    (failed,) = engine.step()  # mid-prefill failure
+    assert failed.finished and failed.finish_reason == "error"
+    assert "device fell over" in (failed.error or "")
+    monkeypatch.setattr(engine.runner, "execute", original)
+    engine.add_request([5, 6, 7], GREEDY, request_id="next")
+    outputs = _drain(engine)
+    assert outputs["next"][-1].finish_reason == "length"
+    assert engine.pool.audit_blocks() == [] and engine.pool.used_blocks() == 0
+
+
+def test_abort_frees_blocks_within_one_step(llama: str) -> None:
+    engine = _engine(llama)
+    engine.add_request([4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True),
+                       request_id="a")
+    engine.step()
+    engine.step()
+    assert engine.pool.used_blocks() > 0
+    assert engine.abort("a")
+    engine.step()
+    assert engine.pool.used_blocks() == 0 and not engine.has_unfinished_requests()
+    assert not engine.abort("a")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [([], "prompt: must not be empty"), ([1] * 256, "prompt: 256 tokens"),
+     ([1, 99999], r"prompt: token ids must be in \[0, 320\)"),
+     ("text", "prompt: this model has no tokenizer")],
+)
+def test_bad_prompts_are_rejected_before_reaching_the_scheduler(
+        llama: str, prompt: object, message: str) -> None:
+    engine = _engine(llama)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(prompt, GREEDY)  # type: ignore[arg-type]
+    assert not engine.has_unfinished_requests()
+
+
+def test_unknown_llm_option_is_named(llama: str) -> None:
+    with pytest.raises(ValueError, match="^blok_size: not an EngineConfig option"):
+        LLM(llama, blok_size=16)
+
+
+def test_timings_are_reported_per_token(llama: str) -> None:
+    llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256)
+    (result,) = llm.generate([[3, 4, 5]], GREEDY, use_tqdm=False)
+    completion = result.outputs[0]
+    assert completion.ttft_s is not None and completion.ttft_s > 0
+    assert len(completion.token_times_s) == 8
+    assert completion.token_times_s == sorted(completion.token_times_s)
+    assert completion.token_times_s[0] == pytest.approx(completion.ttft_s)
+
+
+def test_n_samples_with_a_seed_are_distinct_and_reproducible(llama: str) -> None:
+    llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256)
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    first = llm.generate([[3, 4, 5]], params, use_tqdm=False)[0]
+    again = llm.generate([[3, 4, 5]], params, use_tqdm=False)[0]
+    samples = [c.token_ids for c in first.outputs]
+    assert [c.index for c in first.outputs] == [0, 1, 2]
+    assert len({tuple(s) for s in samples}) == 3
+    assert samples == [c.token_ids for c in again.outputs]
+
+
+def test_prefix_cache_hits_give_the_same_output(llama: str) -> None:
+    llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256, block_size=4)
+    prompt = list(range(3, 40))
+    first = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    second = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    assert first == second
+    assert llm.cache_stats()["prefix_hits"] >= 9  # 36 of the 37 prompt tokens were cached
+
+
+def test_cache_stats_report_the_seed_004_metrics(llama: str) -> None:
+    llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256)
+    llm.generate([[3, 4, 5]], GREEDY, use_tqdm=False)
+    stats = llm.cache_stats()
+    for key in ("num_blocks", "used_blocks", "utilization", "internal_fragmentation",
+                "allocs_per_s", "frees_per_s", "preemptions", "evictions", "leaked_blocks"):
+        assert key in stats
+    assert stats["num_blocks"] == 64 and stats["total_allocations"] > 0
+
+
+def test_paged_admits_four_times_the_sequences_of_contiguous_at_the_same_budget(
+        llama: str) -> None:
+    """Seed 000 exit 2: same KV memory, average length a quarter of max_seq_len."""
+    max_seq_len, slots, block = 256, 4, 16
+    budget_blocks = slots * max_seq_len // block  # what the contiguous cache reserves
+    prompts = [[3 + i % 50] * 32 for i in range(32)]  # 32 prompt + 32 output = 64 tokens
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+    def peak_concurrency(**options: object) -> int:
+        engine = _engine(llama, max_seq_len=max_seq_len, block_size=block, **options)
+        for prompt in prompts:
+            engine.add_request(prompt, params)
+        peak = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            peak = max(peak, engine.num_running)
+        return peak
+
+    contiguous = peak_concurrency(kv_cache_backend="contiguous", max_batch_size=slots,
+                                  use_prefix_caching=False)
+    paged = peak_concurrency(num_gpu_blocks=budget_blocks, max_batch_size=64,
+                             use_prefix_caching=False, admission_reserve=0.0)
+    assert contiguous == slots
+    assert paged >= 4 * contiguous

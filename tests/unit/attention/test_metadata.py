@@ -1,0 +1,51 @@
+"""The flat step batch: positions, slot mapping across block boundaries, padding rows."""
+
+from __future__ import annotations
+
+import torch
+
+from infer.attention import ScheduledSequence, build_metadata
+from infer.attention.metadata import host_batch
+
+
+def test_prefill_across_blocks_maps_tokens_in_order() -> None:
+    host = host_batch([ScheduledSequence([7, 3, 9], 0, list(range(40)))], block_size=16)
+    slots = host.slot_mapping.tolist()
+    assert slots[:16] == [7 * 16 + i for i in range(16)]
+    assert slots[16:32] == [3 * 16 + i for i in range(16)]
+    assert slots[32:] == [9 * 16 + i for i in range(8)]
+    assert host.positions.tolist() == list(range(40))
+    assert host.seq_lens.tolist() == [40] and host.query_start_loc.tolist() == [0, 40]
+
+
+def test_decode_rows_continue_each_sequence() -> None:
+    host = host_batch(
+        [ScheduledSequence([0], 15, [1]), ScheduledSequence([4, 5], 16, [2]),
+         ScheduledSequence([8, 9, 6], 32, [3])],
+        block_size=16,
+    )
+    assert host.positions.tolist() == [15, 16, 32]
+    assert host.slot_mapping.tolist() == [15, 5 * 16, 6 * 16]  # last slot, new block, new block
+    assert host.seq_lens.tolist() == [16, 17, 33]
+
+
+def test_mixed_batch_of_chunks_and_decodes() -> None:
+    seqs = [
+        ScheduledSequence([1, 2], 16, list(range(8))),  # a chunk resuming at position 16
+        ScheduledSequence([3], 4, [9]),  # a decode
+        ScheduledSequence([5, 6], 0, list(range(20))),  # a whole prompt
+    ]
+    input_ids, meta = build_metadata(seqs, 16, torch.device("cpu"))
+    assert input_ids.tolist() == [*range(8), 9, *range(20)]
+    assert meta.query_start_loc.tolist() == [0, 8, 9, 29]
+    assert meta.seq_lens.tolist() == [24, 5, 20]
+    assert meta.positions[:9].tolist() == [*range(16, 24), 4]
+    assert meta.max_query_len == 20 and meta.max_seq_len == 24
+    assert meta.block_tables.tolist() == [[1, 2], [3, 0], [5, 6]]
+
+
+def test_padding_rows_write_nowhere() -> None:
+    host = host_batch([ScheduledSequence([2], 3, [5])], 16, num_rows=4, table_width=8)
+    assert host.slot_mapping.tolist() == [2 * 16 + 3, -1, -1, -1]
+    assert host.block_tables.shape == (4, 8)
+    assert host.seq_lens.tolist() == [4, 1, 1, 1]

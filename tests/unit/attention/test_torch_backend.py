@@ -1,0 +1,53 @@
+"""The reference backend against plain per-sequence attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from infer.attention import ScheduledSequence, attend, build_metadata
+
+
+def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """q [Q, H, D] at the last Q positions of k, v [L, Hkv, D]."""
+    length, heads = k.shape[0], q.shape[1]
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    qpos = torch.arange(length - q.shape[0], length)[:, None]
+    kpos = torch.arange(length)[None, :]
+    allowed = (kpos <= qpos) & ((qpos - kpos < window) if window else True)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_ragged_batch_matches_per_sequence_attention(window: int) -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block = 4, 2, 8, 4
+    # (context already cached, new tokens): a prefill, a chunk, a decode, a prefix-cached one
+    shapes = [(0, 9), (6, 3), (13, 1), (8, 5)]
+    cache_k = torch.zeros(32, kv_heads, block, dim)
+    cache_v = torch.zeros_like(cache_k)
+    perm = torch.randperm(32).tolist()
+    seqs, full_k, full_v, queries = [], [], [], []
+    for i, (done, new) in enumerate(shapes):
+        total = done + new
+        blocks = perm[i * 6 : i * 6 + math.ceil(total / block)]
+        k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+        for pos in range(done):  # earlier steps' K/V
+            cache_k[blocks[pos // block], :, pos % block] = k[pos]
+            cache_v[blocks[pos // block], :, pos % block] = v[pos]
+        seqs.append(ScheduledSequence(blocks, done, [0] * new))
+        full_k.append(k)
+        full_v.append(v)
+        queries.append(torch.randn(new, heads, dim))
+    _, meta = build_metadata(seqs, block, torch.device("cpu"))
+    new_k = torch.cat([k[d:] for k, (d, _) in zip(full_k, shapes)])
+    new_v = torch.cat([v[d:] for v, (d, _) in zip(full_v, shapes)])
+    out = attend(torch.cat(queries), new_k, new_v, cache_k, cache_v, meta,
+                 scale=1 / math.sqrt(dim), sliding_window=window)
+    expected = torch.cat([_naive(q, k, v, window) for q, k, v in zip(queries, full_k, full_v)])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,62 @@
+"""The contiguous backend: the paged pool with a static reservation per slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer.cache import CachePoolProtocol, KVCacheProtocol, PagedKVCachePool, SlottedKVCache
+
+
+def _slotted(slots: int = 4, max_seq_len: int = 64, block_size: int = 16) -> SlottedKVCache:
+    blocks = slots * (max_seq_len // block_size)
+    shape = (2, blocks, 1, block_size, 4)
+    return SlottedKVCache(torch.zeros(shape), torch.zeros(shape), block_size, max_seq_len)
+
+
+def test_both_pools_satisfy_the_protocols() -> None:
+    paged = PagedKVCachePool(torch.zeros(1, 4, 1, 16, 2), torch.zeros(1, 4, 1, 16, 2), 16)
+    for pool in (paged, _slotted()):
+        assert isinstance(pool, CachePoolProtocol) and isinstance(pool, KVCacheProtocol)
+    assert paged.is_paged() and not _slotted().is_paged()
+
+
+def test_a_slot_owns_consecutive_blocks_for_max_seq_len() -> None:
+    pool = _slotted()
+    first, second = pool.allocate_slot(10), pool.allocate_slot(10)
+    assert pool.block_table(first) == [0, 1, 2, 3]
+    assert pool.block_table(second) == [4, 5, 6, 7]
+    assert pool.used_blocks() == 8  # reserved, whatever the length
+
+
+def test_capacity_is_per_slot() -> None:
+    pool = _slotted(slots=2)
+    assert pool.free_token_capacity() is None
+    assert pool.free_slot_count() == 2
+    slot = pool.allocate_slot()
+    pool.allocate_slot()
+    with pytest.raises(RuntimeError, match="No free cache slots"):
+        pool.allocate_slot()
+    pool.free_slot(slot)
+    assert pool.free_slot_count() == 1 and pool.allocate_slot() == slot
+
+
+def test_growth_is_bounded_by_max_seq_len() -> None:
+    pool = _slotted(max_seq_len=64)
+    slot = pool.allocate_slot(60)
+    pool.commit(slot, 60, list(range(60)))
+    assert pool.prepare_append(slot, 4)
+    assert not pool.prepare_append(slot, 5)
+    with pytest.raises(RuntimeError):
+        pool.allocate_slot(65)
+
+
+def test_short_sequences_show_internal_fragmentation() -> None:
+    pool = _slotted(slots=2, max_seq_len=64)
+    slot = pool.allocate_slot(16)
+    pool.commit(slot, 16, list(range(16)))
+    stats = pool.stats()
+    assert stats.backend == "contiguous"
+    assert stats.internal_fragmentation == pytest.approx(1 - 16 / 64)
+    pool.free_slot(slot)
+    assert pool.audit_blocks() == [] and pool.allocator.num_free() == pool.num_blocks

@@ -1,0 +1,126 @@
+"""Batched sampling: greedy, seeds independent of the batch, filters, penalties, logprobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer.engine.request import Request
+from infer.engine.sampler import SamplingBatch, sample, uniform_noise
+from infer.engine.sampling_params import SamplingParams
+
+VOCAB = 50
+
+
+def _request(params: SamplingParams, seed: int = 0, output: list[int] | None = None,
+             prompt: list[int] | None = None) -> Request:
+    prompt = prompt or [1, 2, 3]
+    return Request("r", prompt + (output or []), len(prompt), params, seed, frozenset({0}))
+
+
+def _sample(logits: torch.Tensor, requests: list[Request]):  # type: ignore[no-untyped-def]
+    return sample(logits, SamplingBatch.from_requests(requests, VOCAB, torch.device("cpu")))
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.randn(4, VOCAB)
+    out = _sample(logits, [_request(SamplingParams(temperature=0))] * 4)
+    assert out.token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_the_batch() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, VOCAB)
+    params = SamplingParams(temperature=1.0)
+    alone = _sample(logits[1:2], [_request(params, seed=7)]).token_ids.item()
+    others = [_request(params, seed=1), _request(params, seed=7), _request(params, seed=2)]
+    assert _sample(logits, others).token_ids[1].item() == alone
+
+
+def test_successive_steps_draw_fresh_noise() -> None:
+    seeds, steps = torch.tensor([5, 5]), torch.tensor([0, 1])
+    noise = uniform_noise(seeds, steps, VOCAB)
+    assert not torch.equal(noise[0], noise[1])
+    assert ((noise > 0) & (noise < 1)).all()
+
+
+def test_samples_follow_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2] + [0.0] * (VOCAB - 3)]) + 1e-30)
+    requests = [_request(SamplingParams(temperature=1.0), seed=s) for s in range(3000)]
+    tokens = _sample(logits.expand(3000, -1), requests).token_ids
+    freq = torch.bincount(tokens, minlength=3)[:3].float() / 3000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.04, rtol=0)
+
+
+def test_top_k_top_p_and_min_p_restrict_the_candidates() -> None:
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1] + [0.0] * (VOCAB - 4))
+    logits = torch.log(probs + 1e-30).expand(500, -1)
+    cases = [
+        (SamplingParams(top_k=2), {0, 1}),
+        (SamplingParams(top_p=0.65), {0, 1}),  # 0.4 + 0.3 reaches 0.65
+        (SamplingParams(top_p=0.01), {0}),
+        (SamplingParams(min_p=0.6), {0, 1}),  # p >= 0.6 * 0.4
+    ]
+    for params, allowed in cases:
+        tokens = _sample(logits, [_request(params, seed=s) for s in range(500)]).token_ids
+        assert set(tokens.tolist()) == allowed, params
+
+
+def test_greedy_and_sampled_rows_mix() -> None:
+    logits = torch.randn(2, VOCAB)
+    out = _sample(logits, [_request(SamplingParams(temperature=0)),
+                           _request(SamplingParams(temperature=1.0, top_k=1))])
+    assert out.token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_penalties_push_down_tokens_already_used() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 6] = 2.0, 1.9
+    repeat = _request(SamplingParams(temperature=0, repetition_penalty=2.0), output=[5])
+    assert _sample(logits, [repeat]).token_ids.item() == 6  # 2.0 / 2 < 1.9
+    presence = _request(SamplingParams(temperature=0, presence_penalty=0.5), output=[5])
+    assert _sample(logits, [presence]).token_ids.item() == 6
+    logits[0, 6] = 1.0
+    frequency = _request(SamplingParams(temperature=0, frequency_penalty=0.4), output=[5, 5, 5])
+    assert _sample(logits, [frequency]).token_ids.item() == 6  # 2.0 - 1.2 < 1.0
+    logits[0, 6] = 1.5
+    from_prompt = _request(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=[5])
+    assert _sample(logits, [from_prompt]).token_ids.item() == 6
+
+
+def test_min_tokens_bans_stop_tokens_until_reached() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0] = 10.0  # EOS is by far the most likely
+    early = _request(SamplingParams(temperature=0, min_tokens=2), output=[7])
+    assert _sample(logits, [early]).token_ids.item() != 0
+    done = _request(SamplingParams(temperature=0, min_tokens=2), output=[7, 7])
+    assert _sample(logits, [done]).token_ids.item() == 0
+
+
+def test_logprobs_of_the_sampled_token_and_the_top_alternatives() -> None:
+    logits = torch.randn(2, VOCAB)
+    out = _sample(logits, [_request(SamplingParams(temperature=0, logprobs=3))] * 2)
+    expected = logits.log_softmax(-1)
+    assert out.logprobs is not None and out.top_ids is not None
+    assert out.top_logprobs is not None
+    torch.testing.assert_close(out.logprobs, expected.max(-1).values)
+    assert out.top_ids[:, 0].tolist() == logits.argmax(-1).tolist()
+    assert (out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.5),
+     ("repetition_penalty", 0.0), ("presence_penalty", 3.0), ("frequency_penalty", -3.0),
+     ("seed", -1), ("max_tokens", 0), ("min_tokens", -1), ("logprobs", 21), ("stop", [""]),
+     ("stop_token_ids", [-1])],
+)
+def test_invalid_sampling_params_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_min_tokens_cannot_exceed_max_tokens() -> None:
+    with pytest.raises(ValueError, match="^min_tokens:"):
+        SamplingParams(max_tokens=2, min_tokens=3)
+    assert SamplingParams(stop="x").stop == ["x"]

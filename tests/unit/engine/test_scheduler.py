@@ -1,0 +1,215 @@
+"""Scheduler: admission budgets, retire→free→admit, chunked prefill, preemption, static mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer.cache import PagedKVCachePool, SlottedKVCache
+from infer.config import EngineConfig
+from infer.engine.request import Request, RequestState
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+
+
+def _pool(blocks: int, block_size: int = 1, prefix: bool = False) -> PagedKVCachePool:
+    shape = (1, blocks, 1, block_size, 1)
+    return PagedKVCachePool(torch.zeros(shape), torch.zeros(shape), block_size, prefix)
+
+
+def _scheduler(pool: PagedKVCachePool, **options: object) -> Scheduler:
+    options = {"device": "cpu", "use_prefix_caching": False, **options}
+    return Scheduler(EngineConfig(**options), pool, max_seq_len=4096)  # type: ignore[arg-type]
+
+
+def _request(name: str, prompt_len: int) -> Request:
+    return Request(name, list(range(prompt_len)), prompt_len, SamplingParams(), seed=0)
+
+
+def _run(scheduler: Scheduler, out: SchedulerOutput) -> None:
+    """Pretend the step ran: mark tokens computed and append a token where one is sampled."""
+    for chunk in out.chunks:
+        request = chunk.request
+        samples = chunk.samples
+        request.num_computed += chunk.num_tokens
+        assert request.slot is not None
+        scheduler.pool.commit(request.slot, chunk.num_tokens, request.token_ids)
+        if samples:
+            request.token_ids.append(0)
+
+
+def _names(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(c.request.request_id, c.num_tokens) for c in out.chunks]
+
+
+def test_admits_in_arrival_order_up_to_max_batch_size() -> None:
+    scheduler = _scheduler(_pool(1000), max_batch_size=2)
+    for name in "ABC":
+        scheduler.add_request(_request(name, 10))
+    assert _names(scheduler.schedule()) == [("A", 10), ("B", 10)]
+    assert [r.request_id for r in scheduler.waiting] == ["C"]
+
+
+def test_token_budget_keeps_a_twenty_percent_generation_reserve() -> None:
+    pool = _pool(725)
+    pool.allocate_slot(475)  # another tenant: 250 tokens are free
+    scheduler = _scheduler(pool)
+    for name, length in (("A", 100), ("B", 200), ("C", 300)):
+        scheduler.add_request(_request(name, length))
+    # usable = int(250 * 0.8) = 200: A fits, then B (200 > 100 left) waits.
+    assert _names(scheduler.schedule()) == [("A", 100)]
+    pool.free_slot(0)  # the tenant leaves: 625 free beside A's 100, usable 500 = B + C
+    out = scheduler.schedule()  # (A's prompt was not run: it is scheduled again)
+    assert [n for n, _ in _names(out)] == ["A", "B", "C"]
+
+
+def test_no_admission_when_no_budget_is_left() -> None:
+    pool = _pool(100)
+    scheduler = _scheduler(pool)
+    scheduler.add_request(_request("A", 100))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("B", 5))
+    out = scheduler.schedule()  # A needs a block for its token; none are free
+    assert "B" not in [n for n, _ in _names(out)]
+
+
+def test_contiguous_backend_admits_by_free_slots_only() -> None:
+    shape = (1, 2 * 4, 1, 16, 1)
+    pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
+    scheduler = Scheduler(
+        EngineConfig(device="cpu", kv_cache_backend="contiguous", use_prefix_caching=False),
+        pool, max_seq_len=64,
+    )
+    for name in "ABC":
+        scheduler.add_request(_request(name, 30))
+    assert [n for n, _ in _names(scheduler.schedule())] == ["A", "B"]
+
+
+def test_retired_blocks_are_available_to_admission_in_the_same_step() -> None:
+    pool = _pool(20)
+    scheduler = _scheduler(pool, admission_reserve=0.0)
+    scheduler.add_request(_request("A", 16))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("B", 16))
+    assert _names(scheduler.schedule()) == [("A", 1)]  # B does not fit beside A
+    scheduler.running[0].finish("stop")
+    scheduler.retire()
+    assert _names(scheduler.schedule()) == [("B", 16)]
+
+
+def test_chunked_prefill_runs_chunks_beside_decodes_and_samples_only_at_the_end() -> None:
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
+    scheduler.add_request(_request("short", 3))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("long", 40))
+    seen = []
+    for _ in range(3):
+        out = scheduler.schedule()
+        seen.append([(c.request.request_id, c.num_tokens, c.samples) for c in out.chunks])
+        _run(scheduler, out)
+    assert seen == [
+        [("short", 1, True), ("long", 16, False)],
+        [("short", 1, True), ("long", 16, False)],
+        [("short", 1, True), ("long", 8, True)],
+    ]
+    assert scheduler.running[1].prefill_progress == 40
+
+
+def test_prefill_chunk_cap_per_step() -> None:
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=4, max_prefill_chunks_per_step=2)
+    for name in "ABC":
+        scheduler.add_request(_request(name, 10))
+    assert _names(scheduler.schedule()) == [("A", 4), ("B", 4)]
+
+
+def test_without_chunking_a_prompt_runs_whole() -> None:
+    scheduler = _scheduler(_pool(5000), use_chunked_prefill=False, prefill_chunk_size=16,
+                           max_num_batched_tokens=64)
+    scheduler.add_request(_request("A", 1000))
+    assert _names(scheduler.schedule()) == [("A", 1000)]  # the budget grows to max_seq_len
+
+
+def test_the_newest_request_is_preempted_when_blocks_run_out() -> None:
+    pool = _pool(4, block_size=2)
+    scheduler = _scheduler(pool, admission_reserve=0.0)
+    scheduler.add_request(_request("old", 4))
+    scheduler.add_request(_request("new", 3))
+    _run(scheduler, scheduler.schedule())  # old: 2 blocks, new: 2 blocks; pool full
+    out = scheduler.schedule()  # old needs a third block for position 4
+    assert [r.request_id for r in out.preempted] == ["new"]
+    assert _names(out) == [("old", 1)]
+    new = scheduler.waiting[0]
+    assert new.state is RequestState.WAITING and new.num_computed == 0 and new.slot is None
+    assert new.num_preemptions == 1 and scheduler.preemptions == 1
+    assert pool.audit_blocks() == []
+
+
+def test_preempted_request_resumes_with_its_generated_tokens() -> None:
+    pool = _pool(6, block_size=2)
+    scheduler = _scheduler(pool, admission_reserve=0.0)
+    scheduler.add_request(_request("old", 4))
+    scheduler.add_request(_request("new", 3))
+    for _ in range(6):
+        _run(scheduler, scheduler.schedule())
+    scheduler.running[0].finish("stop")
+    scheduler.retire()
+    out = scheduler.schedule()
+    resumed = [c for c in out.chunks if c.request.request_id == "new"]
+    assert resumed and resumed[0].num_tokens == resumed[0].request.num_tokens  # recomputed
+
+
+def test_static_batching_admits_only_when_the_batch_is_done() -> None:
+    shape = (1, 4 * 4, 1, 16, 1)
+    pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
+    config = EngineConfig(device="cpu", batching_mode="static", kv_cache_backend="contiguous",
+                          use_chunked_prefill=False, use_prefix_caching=False, max_batch_size=2)
+    scheduler = Scheduler(config, pool, max_seq_len=64)
+    for name in "ABC":
+        scheduler.add_request(_request(name, 5))
+    _run(scheduler, scheduler.schedule())
+    scheduler.running[0].finish("stop")
+    scheduler.retire()
+    assert _names(scheduler.schedule()) == [("B", 1)]  # C waits for B
+    scheduler.running[0].finish("stop")
+    scheduler.retire()
+    assert _names(scheduler.schedule()) == [("C", 5)]
+
+
+def test_full_queue_is_rejected() -> None:
+    scheduler = _scheduler(_pool(10), max_waiting_requests=2)
+    scheduler.add_request(_request("A", 1))
+    scheduler.add_request(_request("B", 1))
+    with pytest.raises(QueueFullError, match="max_waiting_requests"):
+        scheduler.add_request(_request("C", 1))
+
+
+def test_abort_of_waiting_and_running_requests() -> None:
+    pool = _pool(100)
+    scheduler = _scheduler(pool, max_batch_size=1)
+    scheduler.add_request(_request("run", 5))
+    scheduler.add_request(_request("wait", 5))
+    _run(scheduler, scheduler.schedule())
+    assert scheduler.abort("wait") is not None and not scheduler.waiting
+    assert scheduler.abort("run") is not None
+    assert scheduler.abort("unknown") is None
+    scheduler.retire()
+    assert not scheduler.has_work() and pool.allocator.num_free() == 100
+
+
+def test_a_request_larger_than_the_whole_pool_fails_alone() -> None:
+    scheduler = _scheduler(_pool(8))
+    scheduler.add_request(_request("huge", 20))
+    out = scheduler.schedule()
+    assert out.chunks == []
+    (failed,) = scheduler.take_failed()
+    assert failed.finish_reason == "error" and "too small" in (failed.error or "")
+
+
+def test_prefix_hits_skip_computed_tokens() -> None:
+    pool = _pool(100, block_size=4, prefix=True)
+    scheduler = _scheduler(pool, use_prefix_caching=True)
+    scheduler.add_request(_request("first", 10))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("second", 10))
+    out = scheduler.schedule()
+    assert ("second", 2) in _names(out)  # 8 tokens came from the cache
