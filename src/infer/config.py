@@ -224,6 +224,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool = True
     use_cuda_graphs: bool | None = None
+    use_async_scheduling: bool = True
     dtype: str | None = None
     device: str | None = None
     seed: int = 0

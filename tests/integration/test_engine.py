@@ -41,20 +41,21 @@ def test_intermediate_prefill_chunks_emit_nothing(llama: str) -> None:
 
 
 def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
-        llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = _engine(llama, prefill_chunk_size=8)
     engine.add_request(list(range(3, 30)), GREEDY, request_id="victim")
     engine.step()  # first chunk runs fine
-    original = engine.runner.execute
+    original = engine.runner.launch
 
-    def broken(chunks):  # type: ignore[no-untyped-def]
+    def broken(chunks, input_ids=None):  # type: ignore[no-untyped-def]
         raise RuntimeError("device fell over")
 
-    monkeypatch.setattr(engine.runner, "execute", broken)
+    monkeypatch.setattr(engine.runner, "launch", broken)
     (failed,) = engine.step()  # mid-prefill failure
     assert failed.finished and failed.finish_reason == "error"
     assert "device fell over" in (failed.error or "")
-    monkeypatch.setattr(engine.runner, "execute", original)
+    monkeypatch.setattr(engine.runner, "launch", original)
     engine.add_request([5, 6, 7], GREEDY, request_id="next")
     outputs = _drain(engine)
     assert outputs["next"][-1].finish_reason == "length"
@@ -63,8 +64,7 @@ def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
 
 def test_abort_frees_blocks_within_one_step(llama: str) -> None:
     engine = _engine(llama)
-    engine.add_request([4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True),
-                       request_id="a")
+    engine.add_request([4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True), request_id="a")
     engine.step()
     engine.step()
     assert engine.pool.used_blocks() > 0
@@ -76,12 +76,16 @@ def test_abort_frees_blocks_within_one_step(llama: str) -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "message"),
-    [([], "prompt: must not be empty"), ([1] * 256, "prompt: 256 tokens"),
-     ([1, 99999], r"prompt: token ids must be in \[0, 320\)"),
-     ("text", "prompt: this model has no tokenizer")],
+    [
+        ([], "prompt: must not be empty"),
+        ([1] * 256, "prompt: 256 tokens"),
+        ([1, 99999], r"prompt: token ids must be in \[0, 320\)"),
+        ("text", "prompt: this model has no tokenizer"),
+    ],
 )
 def test_bad_prompts_are_rejected_before_reaching_the_scheduler(
-        llama: str, prompt: object, message: str) -> None:
+    llama: str, prompt: object, message: str
+) -> None:
     engine = _engine(llama)
     with pytest.raises(ValueError, match=message):
         engine.add_request(prompt, GREEDY)  # type: ignore[arg-type]
@@ -89,7 +93,7 @@ def test_bad_prompts_are_rejected_before_reaching_the_scheduler(
 
 
 def test_unknown_llm_option_is_named(llama: str) -> None:
-    with pytest.raises(ValueError, match="^blok_size: not an EngineConfig option"):
+    with pytest.raises(ValueError, match=r"^blok_size: not an EngineConfig option"):
         LLM(llama, blok_size=16)
 
 
@@ -127,14 +131,22 @@ def test_cache_stats_report_the_seed_004_metrics(llama: str) -> None:
     llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256)
     llm.generate([[3, 4, 5]], GREEDY, use_tqdm=False)
     stats = llm.cache_stats()
-    for key in ("num_blocks", "used_blocks", "utilization", "internal_fragmentation",
-                "allocs_per_s", "frees_per_s", "preemptions", "evictions", "leaked_blocks"):
+    for key in (
+        "num_blocks",
+        "used_blocks",
+        "utilization",
+        "internal_fragmentation",
+        "allocs_per_s",
+        "frees_per_s",
+        "preemptions",
+        "evictions",
+        "leaked_blocks",
+    ):
         assert key in stats
     assert stats["num_blocks"] == 64 and stats["total_allocations"] > 0
 
 
-def test_paged_admits_four_times_the_sequences_of_contiguous_at_the_same_budget(
-        llama: str) -> None:
+def test_paged_admits_four_times_the_sequences_of_contiguous_at_the_same_budget(llama: str) -> None:
     """Seed 000 exit 2: same KV memory, average length a quarter of max_seq_len."""
     max_seq_len, slots, block = 256, 4, 16
     budget_blocks = slots * max_seq_len // block  # what the contiguous cache reserves
@@ -151,9 +163,28 @@ def test_paged_admits_four_times_the_sequences_of_contiguous_at_the_same_budget(
             peak = max(peak, engine.num_running)
         return peak
 
-    contiguous = peak_concurrency(kv_cache_backend="contiguous", max_batch_size=slots,
-                                  use_prefix_caching=False)
-    paged = peak_concurrency(num_gpu_blocks=budget_blocks, max_batch_size=64,
-                             use_prefix_caching=False, admission_reserve=0.0)
+    contiguous = peak_concurrency(
+        kv_cache_backend="contiguous", max_batch_size=slots, use_prefix_caching=False
+    )
+    paged = peak_concurrency(
+        num_gpu_blocks=budget_blocks,
+        max_batch_size=64,
+        use_prefix_caching=False,
+        admission_reserve=0.0,
+    )
     assert contiguous == slots
     assert paged >= 4 * contiguous
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_stop_token_ends_the_output_exactly_there(llama: str, async_scheduling: bool) -> None:
+    """With async scheduling the step after a stop is already queued; its token is dropped."""
+    llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256, use_async_scheduling=async_scheduling)
+    free_run = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    reference = llm.generate([[3, 4, 5]], free_run, use_tqdm=False)[0].outputs[0].token_ids
+    stop = reference[6]
+    cut = reference.index(stop) + 1
+    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop], ignore_eos=True)
+    completion = llm.generate([[3, 4, 5]], params, use_tqdm=False)[0].outputs[0]
+    assert completion.token_ids == reference[:cut] and completion.finish_reason == "stop"
+    assert llm.engine.pool.used_blocks() == 0 and llm.engine.pool.audit_blocks() == []

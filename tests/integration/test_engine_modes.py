@@ -10,25 +10,39 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conftest import FAMILIES
 
 from infer import LLM, SamplingParams
-from tests.conftest import FAMILIES
 
 PROMPT_LENGTHS = (5, 19, 33, 50, 12, 27, 8, 41)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 MODES: dict[str, dict[str, Any]] = {
-    "contiguous": {"kv_cache_backend": "contiguous", "use_prefix_caching": False,
-                   "max_batch_size": 4, "use_chunked_prefill": False},
+    "contiguous": {
+        "kv_cache_backend": "contiguous",
+        "use_prefix_caching": False,
+        "max_batch_size": 4,
+        "use_chunked_prefill": False,
+    },
     "paged": {"use_chunked_prefill": False, "use_prefix_caching": False},
+    "synchronous": {"use_async_scheduling": False},
     "chunk-1": {"prefill_chunk_size": 1},
     "chunk-7": {"prefill_chunk_size": 7},
     "chunk-16": {"prefill_chunk_size": 16},
     "chunk-512": {"prefill_chunk_size": 512},
     "chunk-7-two-per-step": {"prefill_chunk_size": 7, "max_prefill_chunks_per_step": 2},
-    "static": {"batching_mode": "static", "kv_cache_backend": "contiguous",
-               "use_chunked_prefill": False, "use_prefix_caching": False, "max_batch_size": 2},
-    "tiny-pool": {"num_gpu_blocks": 20, "block_size": 4, "prefill_chunk_size": 16,
-                  "admission_reserve": 0.0},
+    "static": {
+        "batching_mode": "static",
+        "kv_cache_backend": "contiguous",
+        "use_chunked_prefill": False,
+        "use_prefix_caching": False,
+        "max_batch_size": 2,
+    },
+    "tiny-pool": {
+        "num_gpu_blocks": 20,
+        "block_size": 4,
+        "prefill_chunk_size": 16,
+        "admission_reserve": 0.0,
+    },
 }
 
 
@@ -37,8 +51,9 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def _generate(model: str, prompts: list[list[int]], options: dict[str, Any]) -> tuple[
-        list[list[int]], LLM]:
+def _generate(
+    model: str, prompts: list[list[int]], options: dict[str, Any]
+) -> tuple[list[list[int]], LLM]:
     settings = {"num_gpu_blocks": 128, "max_seq_len": 128, **options}
     llm = LLM(model, **settings)
     results = llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -49,8 +64,9 @@ def _assert_no_leaks(llm: LLM) -> None:
     pool = llm.engine.pool
     assert pool.audit_blocks() == []
     assert pool.used_blocks() == 0
-    assert pool.free_slot_count() == (pool.num_blocks if pool.is_paged()
-                                      else llm.config.max_batch_size)
+    assert pool.free_slot_count() == (
+        pool.num_blocks if pool.is_paged() else llm.config.max_batch_size
+    )
     assert llm.cache_stats()["leaked_blocks"] == 0
 
 
@@ -61,8 +77,12 @@ def _hf_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]]:
     model.generation_config.eos_token_id = None
     outputs = []
     for prompt in prompts:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=GREEDY.max_tokens,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=GREEDY.max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
@@ -74,9 +94,12 @@ def references(tiny_checkpoint: Callable[[str], Path]) -> dict[str, list[list[in
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_mode_matches_transformers(family: str, mode: str,
-                                         tiny_checkpoint: Callable[[str], Path],
-                                         references: dict[str, list[list[int]]]) -> None:
+def test_every_mode_matches_transformers(
+    family: str,
+    mode: str,
+    tiny_checkpoint: Callable[[str], Path],
+    references: dict[str, list[list[int]]],
+) -> None:
     outputs, llm = _generate(str(tiny_checkpoint(family)), _prompts(320), MODES[mode])
     assert outputs == references[family]
     _assert_no_leaks(llm)

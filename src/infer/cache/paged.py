@@ -108,18 +108,17 @@ class PagedKVCachePool:
     def prepare_append(self, seq_id: int, num_tokens: int) -> bool:
         table = self.page_tables[seq_id]
         start = self.seq_lens[seq_id]
-        end = start + num_tokens
-        new_blocks = max(self._blocks_for(end) - len(table), 0)
         first = start // self.block_size
-        shared = [
-            i
-            for i in range(first, min(len(table), self._blocks_for(end)))
-            if self._is_shared(table[i])
-        ]
-        if new_blocks + len(shared) > self.allocator.num_free():
+        # Only the block holding ``start`` can be shared: shared blocks are full of computed
+        # tokens, which happens to a written block only when a whole prompt hit the cache.
+        shared = first < len(table) and self._is_shared(table[first])
+        new_blocks = max(self._blocks_for(start + num_tokens) - len(table), 0)
+        if not new_blocks and not shared:
+            return True
+        if new_blocks + shared > self.allocator.num_free():
             return False
-        for i in shared:
-            table[i] = self._copy_on_write(seq_id, table[i])
+        if shared:
+            table[first] = self._copy_on_write(seq_id, table[first])
         table.extend(self.allocator.allocate(new_blocks, owner=seq_id))
         return True
 
@@ -135,7 +134,13 @@ class PagedKVCachePool:
         return copy
 
     def commit(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> None:
+        self.advance(seq_id, num_tokens)
+        self.index_blocks(seq_id, token_ids)
+
+    def advance(self, seq_id: int, num_tokens: int) -> None:
         self.seq_lens[seq_id] += num_tokens
+
+    def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         if self.prefix is None:
             return
         keys = self._block_keys[seq_id]

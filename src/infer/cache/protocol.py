@@ -61,9 +61,17 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
         shared ones). False, changing nothing, when there are not enough free blocks."""
         ...
 
+    def advance(self, slot: int, num_tokens: int) -> None:
+        """Record that ``num_tokens`` more are computed (their K/V is being written)."""
+        ...
+
+    def index_blocks(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Offer the sequence's newly completed blocks for prefix sharing; ``token_ids`` must
+        be known up to the computed length."""
+        ...
+
     def commit(self, slot: int, num_tokens: int, token_ids: Sequence[int]) -> None:
-        """Record that ``num_tokens`` more were computed; ``token_ids`` is the whole sequence
-        so far (used to index newly completed blocks for prefix sharing)."""
+        """``advance`` then ``index_blocks``, for when the tokens are known at once."""
         ...
 
     def free_slot_count(self) -> int:

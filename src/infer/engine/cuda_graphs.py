@@ -91,8 +91,13 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         self.memory_bytes = torch.cuda.memory_allocated() - before
 
-    def run(self, sequences: list[ScheduledSequence]) -> Tensor | None:
-        """Logits ``[B, V]`` of a decode-only step, or None when no bucket fits."""
+    def run(
+        self, sequences: list[ScheduledSequence], input_ids: Tensor | None = None
+    ) -> Tensor | None:
+        """Logits ``[B, V]`` of a decode-only step, or None when no bucket fits.
+
+        ``input_ids`` (on the device) overrides the sequences' tokens (see ``ModelRunner``).
+        """
         rows = padded_batch_size(len(sequences), self.buckets)
         if rows is None or rows not in self._graphs:
             return None
@@ -109,6 +114,8 @@ class CUDAGraphRunner:
         staged = self._staging[: packed.size]
         staged.copy_(torch.from_numpy(packed), non_blocking=True)
         self.input_ids[:rows].copy_(staged[:rows])
+        if input_ids is not None:
+            self.input_ids[: len(sequences)].copy_(input_ids)
         self.positions[:rows].copy_(staged[rows : 2 * rows])
         self.slot_mapping[:rows].copy_(staged[2 * rows : 3 * rows])
         self.seq_lens[:rows].copy_(staged[3 * rows : 4 * rows])

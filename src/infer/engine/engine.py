@@ -14,9 +14,11 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
@@ -24,10 +26,10 @@ from infer.cache.protocol import CachePoolProtocol
 from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig, ModelConfig
 from infer.engine.cuda_graphs import CUDAGraphRunner
-from infer.engine.request import Request, RequestOutput, TokenLogprob
-from infer.engine.runner import ModelRunner
+from infer.engine.request import PENDING_TOKEN, Request, RequestOutput, TokenLogprob
+from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
 
@@ -37,6 +39,18 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 1 << 30
 
 Prompt = str | Sequence[int]
+
+
+@dataclass
+class Inflight:
+    """A launched step whose samples the host has not processed yet."""
+
+    scheduled: SchedulerOutput
+    launched: LaunchedStep | None
+    decode_only: bool
+
+    def requests(self) -> list[Request]:
+        return [c.request for c in self.scheduled.chunks]
 
 
 class Engine:
@@ -58,9 +72,12 @@ class Engine:
                 self.model, config.block_size, config.max_batch_size, self.max_seq_len, self.device
             )
         self.runner = ModelRunner(self.model, self.pool, self.device, self.max_seq_len, graphs)
+        if self.device.type == "cuda":
+            self._warm_up_kernels()
         if graphs is not None:
             graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
+        self._inflight: Inflight | None = None
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._seeds = random.Random(config.seed)
@@ -156,6 +173,27 @@ class Engine:
         sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
         return peak + sampling
 
+    @torch.inference_mode()
+    def _warm_up_kernels(self) -> None:
+        """Compile the GPU kernels for each kind of step before serving: a first-use compile
+        would otherwise stall the first requests for seconds. (Writes land in free blocks.)"""
+        block_size = self.config.block_size
+        blocks = itertools.cycle(range(self.pool.num_blocks))
+
+        def sequence(computed: int, new: int) -> ScheduledSequence:
+            count = math.ceil((computed + new) / block_size)
+            return ScheduledSequence([next(blocks) for _ in range(count)], computed, [0] * new)
+
+        batches = [
+            [sequence(0, 2 * block_size), sequence(block_size, 1)],  # few rows: split keys
+            [sequence(block_size, 1)],  # a lone decode row
+            [sequence(0, 8) for _ in range(32)] + [sequence(block_size, 1) for _ in range(32)],
+        ]
+        for batch in batches:
+            input_ids, meta = build_metadata(batch, block_size, self.device)
+            self.model.compute_logits(self.model(input_ids, meta.positions, meta)).argmax(-1)
+        torch.cuda.synchronize(self.device)
+
     # --- requests ------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -216,7 +254,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     @property
     def num_running(self) -> int:
@@ -228,53 +266,133 @@ class Engine:
 
     # --- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns progress of every request that produced output."""
-        self.scheduler.retire()
-        scheduled = self.scheduler.schedule()
-        outputs = [self._output(r, [], []) for r in self.scheduler.take_failed()]
-        if scheduled.chunks:
-            try:
-                outputs += self._run(scheduled)
-            except Exception as exc:  # the step's requests fail; the engine keeps serving
-                logger.exception("engine step failed")
-                outputs += self._fail(scheduled, exc)
+        """Run one engine step; returns the progress of every request that produced output.
+
+        With ``use_async_scheduling``, a decode step that only continues the step in flight is
+        queued on the device *before* the in-flight step's tokens are processed, so the host's
+        bookkeeping overlaps the GPU's work; its outputs are then reported one call later.
+        """
+        inflight, self._inflight = self._inflight, None
+        involved = [] if inflight is None else inflight.requests()
+        outputs: list[RequestOutput] = []
+        try:
+            if inflight is not None:
+                self._inflight = self._launch_ahead(inflight)
+                if self._inflight is not None:
+                    involved += self._inflight.requests()
+                outputs += self._complete(inflight)
+                if self._inflight is not None:
+                    return self._reported(outputs)
+            self.scheduler.retire()
+            scheduled = self.scheduler.schedule()
+            outputs += [self._output(r, [], []) for r in self.scheduler.take_failed()]
+            if scheduled.chunks:
+                involved += [c.request for c in scheduled.chunks]
+                launched = self._launch(scheduled)
+                if self.config.use_async_scheduling and launched.decode_only:
+                    self._inflight = launched
+                else:
+                    outputs += self._complete(launched)
+        except Exception as exc:  # these requests fail; the engine keeps serving the others
+            logger.exception("engine step failed")
+            self._inflight = None
+            outputs += self._fail(involved, exc)
+        return self._reported(outputs)
+
+    def _reported(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
 
-    def _fail(self, scheduled: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
-        """Finish every request of a failed step with the error; ``retire`` frees them."""
+    def _fail(self, requests: list[Request], exc: Exception) -> list[RequestOutput]:
+        """Finish the requests of a failed step with the error; ``retire`` frees them."""
         message = f"{type(exc).__name__}: {exc}"
-        failed = [c.request for c in scheduled.chunks if not c.request.is_finished]
+        failed = list({id(r): r for r in requests if not r.is_finished}.values())
         for request in failed:
+            del request.token_ids[request.num_tokens - request.pending_tokens :]
+            request.pending_tokens = 0
             request.finish("error", message)
         return [self._output(r, [], []) for r in failed]
 
-    def _run(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
-        sampled = [c.request for c in scheduled.chunks if c.samples]
-        result = self.runner.execute(scheduled.chunks)
-        now = time.perf_counter()
+    def _launch(self, scheduled: SchedulerOutput, input_ids: Tensor | None = None) -> Inflight:
+        """Queue a step on the device and account for its tokens; samples stay pending."""
+        decode_only = scheduled.is_decode_only
+        launched = self.runner.launch(scheduled.chunks, input_ids)
         for chunk in scheduled.chunks:
             request = chunk.request
             assert request.slot is not None
-            request.num_computed += chunk.num_tokens
-            self.pool.commit(request.slot, chunk.num_tokens, request.token_ids)
             if request.num_output_tokens == 0:
                 self.num_prompt_tokens += chunk.num_tokens
+            request.num_computed += chunk.num_tokens
+            self.pool.advance(request.slot, chunk.num_tokens)
+        for request in launched.requests if launched else []:
+            request.token_ids.append(PENDING_TOKEN)
+            request.pending_tokens += 1
+        return Inflight(scheduled, launched, decode_only)
+
+    def _launch_ahead(self, inflight: Inflight) -> Inflight | None:
+        """The next decode step of the in-flight one's requests, fed from its device tokens;
+        None when the next step needs the host first (admissions, preemption, penalties)."""
+        previous = inflight.launched
+        if previous is None or not inflight.decode_only or self.scheduler.waiting:
+            return None
+        self.scheduler.retire()
+        members = {id(r) for r in previous.requests}
+        if any(id(r) not in members for r in self.scheduler.running if not r.is_finished):
+            return None
+        rows = [
+            i
+            for i, r in enumerate(previous.requests)
+            if not r.is_finished and not self._ends_by_length(r)
+        ]
+        requests = [previous.requests[i] for i in rows]
+        if not requests or any(r.params.needs_penalties for r in requests):
+            return None
+        if not all(self.pool.prepare_append(r.slot, 1) for r in requests):  # type: ignore[arg-type]
+            return None
+        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        chunks = [ScheduledChunk(r, 1) for r in requests]
+        return self._launch(SchedulerOutput(chunks), previous.token_ids[index])
+
+    def _ends_by_length(self, request: Request) -> bool:
+        """Whether the request's pending token is its last one (known before it is)."""
+        limit = request.params.max_tokens
+        return (limit is not None and request.num_output_tokens >= limit) or (
+            request.num_tokens >= self.max_seq_len
+        )
+
+    def _complete(self, inflight: Inflight) -> list[RequestOutput]:
+        """Wait for a launched step's samples and turn them into tokens, text and outputs."""
         outputs = []
-        for request, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
-            if request.is_finished:  # aborted while the step ran
-                continue
-            if logprob is not None:
-                request.logprobs.append(logprob)
-            new_text = self._append_token(request, token_id, now)
-            outputs.append(
-                self._output(request, [token_id], [logprob] if logprob else [], new_text)
-            )
+        launched = inflight.launched
+        if launched is not None:
+            result = self.runner.collect(launched)
+            now = time.perf_counter()
+            for request, token_id, logprob in zip(
+                launched.requests, result.token_ids, result.logprobs
+            ):
+                if request.is_finished:  # aborted, or stopped while this step was queued
+                    continue
+                position = request.num_tokens - request.pending_tokens
+                request.token_ids[position] = token_id
+                request.pending_tokens -= 1
+                if logprob is not None:
+                    request.logprobs.append(logprob)
+                new_text = self._record_token(request, token_id, now)
+                if request.is_finished:  # drop a token queued after its end
+                    del request.token_ids[position + 1 :]
+                    request.pending_tokens = 0
+                outputs.append(
+                    self._output(request, [token_id], [logprob] if logprob else [], new_text)
+                )
+        for chunk in inflight.scheduled.chunks:
+            request = chunk.request
+            if request.slot is not None:
+                known = request.num_tokens - request.pending_tokens
+                self.pool.index_blocks(request.slot, request.token_ids[:known])
         return outputs
 
-    def _append_token(self, request: Request, token_id: int, now: float) -> str:
-        """Record a sampled token, detokenise it, apply stop rules; returns new text."""
-        request.token_ids.append(token_id)
+    def _record_token(self, request: Request, token_id: int, now: float) -> str:
+        """Account a sampled token, detokenise it, apply stop rules; returns new text."""
         self.num_generated_tokens += 1
         if request.first_token_time is None:
             request.first_token_time = now
@@ -282,15 +400,12 @@ class Engine:
         params = request.params
         if request.detokenizer is not None:
             request.text += request.detokenizer.add(token_id)
-        produced = request.num_output_tokens
-        stop_ids = set(params.stop_token_ids) | (
-            set() if params.ignore_eos else request.eos_token_ids
-        )
-        stopped = token_id in stop_ids and produced >= params.min_tokens
+        produced = request.num_output_tokens - request.pending_tokens
+        stopped = token_id in request.stop_token_ids and produced >= params.min_tokens
         if stopped or (params.stop and self._cut_at_stop_string(request)):
             request.finish("stop")
         elif (params.max_tokens is not None and produced >= params.max_tokens) or (
-            request.num_tokens >= self.max_seq_len
+            request.num_tokens - request.pending_tokens >= self.max_seq_len
         ):
             request.finish("length")
         return self._releasable_text(request)

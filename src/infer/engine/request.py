@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from infer.engine.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
 
+# Stands in ``Request.token_ids`` for a sampled token still on its way from the device.
+PENDING_TOKEN = -1
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
@@ -40,12 +43,26 @@ class Request:
     slot: int | None = None
     num_computed: int = 0  # tokens of prompt + output whose K/V is cached
     num_preemptions: int = 0
+    pending_tokens: int = 0  # trailing PENDING_TOKEN entries of token_ids
     text: str = ""
     emitted_text_len: int = 0  # characters already streamed to the caller
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        params = self.params
+        # Decided once here, read every step: which tokens stop it, and whether a plain
+        # argmax is all its sampling needs.
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        self.stop_token_ids: frozenset[int] = frozenset(params.stop_token_ids) | eos
+        self.plain_greedy = (
+            params.greedy
+            and not params.needs_penalties
+            and params.logprobs is None
+            and params.min_tokens == 0
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +95,7 @@ class Request:
         self.error = error
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """A request's progress after a step: the new tokens/text, and the totals so far."""
 

@@ -1,8 +1,9 @@
 """Runs one scheduled step: one flat batch, one forward pass, one batched sample.
 
 The host builds the step's metadata with numpy and copies it once; the device returns the
-sampled tokens (and logprobs when asked) with one synchronisation. Decode-only steps replay a
-captured CUDA graph when one is available.
+sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`` — apart
+from ``launch``, so the engine can queue the next step before waiting for this one.
+Decode-only steps replay a captured CUDA graph when one is available.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ class StepResult:
     logprobs: list[TokenLogprob | None]
 
 
+@dataclass
+class LaunchedStep:
+    """A step whose kernels are queued: its sampled tokens stay on the device (the next step
+    can read them from there) while their copy to the host completes behind ``done``."""
+
+    requests: list[Request]  # the rows that sample, in order
+    token_ids: Tensor  # [B] on the device
+    host: list[Tensor | None]  # host copies: tokens, logprobs, top ids, top logprobs
+    done: torch.cuda.Event | None  # None on the CPU, where the copies are already done
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -47,7 +59,14 @@ class ModelRunner:
         model.bind_kv_cache(pool.k, pool.v)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> StepResult:
+    def launch(
+        self, chunks: list[ScheduledChunk], input_ids: Tensor | None = None
+    ) -> LaunchedStep | None:
+        """Queue the step's forward pass and sampling; returns None when no row samples.
+
+        ``input_ids`` (on the device) replaces the tokens of a decode-only step whose inputs
+        are the previous step's samples, not yet known to the host.
+        """
         sequences = []
         for chunk in chunks:
             request = chunk.request
@@ -56,19 +75,32 @@ class ModelRunner:
             tokens = request.token_ids[start : start + chunk.num_tokens]
             sequences.append(ScheduledSequence(self.pool.block_table(request.slot), start, tokens))
         sampling = [c.request for c in chunks if c.samples]
-        logits = self._logits(sequences, [c.samples for c in chunks])
+        logits = self._logits(sequences, [c.samples for c in chunks], input_ids)
         if not sampling:
-            return StepResult([], [])
-        batch = SamplingBatch.from_requests(sampling, self.vocab_size, self.device)
-        return _to_host(sample(logits, batch), sampling)
+            return None
+        if all(r.plain_greedy for r in sampling):
+            out = SamplerOutput(logits.argmax(dim=-1))
+        else:
+            out = sample(
+                logits, SamplingBatch.from_requests(sampling, self.vocab_size, self.device)
+            )
+        return _copy_to_host(out, sampling)
 
-    def _logits(self, sequences: list[ScheduledSequence], samples: list[bool]) -> Tensor:
+    def collect(self, launched: LaunchedStep) -> StepResult:
+        """Wait for the step's samples and return them (the step's one synchronisation)."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        return _results(launched)
+
+    def _logits(
+        self, sequences: list[ScheduledSequence], samples: list[bool], input_ids: Tensor | None
+    ) -> Tensor:
         if self.graphs is not None and all(len(s.token_ids) == 1 for s in sequences):
-            logits = self.graphs.run(sequences)
+            logits = self.graphs.run(sequences, input_ids)
             if logits is not None:
                 return logits
-        input_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
-        hidden = self.model(input_ids, meta.positions, meta)
+        host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
+        hidden = self.model(host_ids if input_ids is None else input_ids, meta.positions, meta)
         if all(samples) and meta.max_query_len == 1:
             return self.model.compute_logits(hidden)
         last_rows = [end - 1 for end, keep in zip(_ends(sequences), samples) if keep]
@@ -84,24 +116,38 @@ def _ends(sequences: list[ScheduledSequence]) -> list[int]:
     return ends
 
 
-def _to_host(out: SamplerOutput, requests: list[Request]) -> StepResult:
-    """Copy the sampler's results to the host with a single synchronisation."""
+def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
+    """Queue the copies of the sampler's results into pinned host memory."""
     tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs]
-    host = [None if t is None else t.to("cpu", non_blocking=True) for t in tensors]
-    if out.token_ids.is_cuda:
-        torch.cuda.current_stream().synchronize()
-    token_ids: list[int] = host[0].tolist()
-    if host[1] is None:
+    if not out.token_ids.is_cuda:
+        return LaunchedStep(requests, out.token_ids, list(tensors), None)
+    host: list[Tensor | None] = []
+    for tensor in tensors:
+        if tensor is None:
+            host.append(None)
+            continue
+        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.append(buffer.copy_(tensor, non_blocking=True))
+    done = torch.cuda.Event()
+    done.record()
+    return LaunchedStep(requests, out.token_ids, host, done)
+
+
+def _results(launched: LaunchedStep) -> StepResult:
+    tokens, chosen, top_ids, top_values = launched.host
+    assert tokens is not None
+    token_ids: list[int] = tokens.tolist()
+    if chosen is None:
         return StepResult(token_ids, [None] * len(token_ids))
-    chosen = host[1].tolist()
-    top_ids = host[2].tolist() if host[2] is not None else [[] for _ in token_ids]
-    top_values = host[3].tolist() if host[3] is not None else [[] for _ in token_ids]
+    chosen_list = chosen.tolist()
+    ids = top_ids.tolist() if top_ids is not None else [[] for _ in token_ids]
+    values = top_values.tolist() if top_values is not None else [[] for _ in token_ids]
     logprobs: list[TokenLogprob | None] = []
-    for i, request in enumerate(requests):
+    for i, request in enumerate(launched.requests):
         wanted = request.params.logprobs
         if wanted is None:
             logprobs.append(None)
             continue
-        top = dict(zip(top_ids[i][:wanted], top_values[i][:wanted]))
-        logprobs.append(TokenLogprob(token_ids[i], chosen[i], top))
+        top = dict(zip(ids[i][:wanted], values[i][:wanted]))
+        logprobs.append(TokenLogprob(token_ids[i], chosen_list[i], top))
     return StepResult(token_ids, logprobs)

@@ -109,7 +109,7 @@ def _attend_range(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "num_splits"])  # data, not code: compile once
 def _decode_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse,
     stride_ot, stride_oh, stride_qt, stride_qh,
@@ -160,7 +160,7 @@ def _decode_kernel(
         tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_kernel(
     Out, PartOut, PartLse, QueryStart,
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
@@ -205,7 +205,7 @@ def _find_seq(QueryStart, num_seqs, pid, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "window"])
 def _prefill_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, num_seqs,
     stride_ot, stride_oh, stride_qt, stride_qh,

@@ -91,7 +91,7 @@ def build_model(
         model = model_class(config)(config)
     model.to_empty(device=device)
     model.tie_weights()
-    model.init_rope(max_positions)
+    model.init_buffers(max_positions)
     return model.eval()
 
 

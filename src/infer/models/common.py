@@ -185,7 +185,7 @@ class DecoderModel(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def init_rope(self, max_positions: int) -> None:
+    def init_buffers(self, max_positions: int) -> None:
         """Build the RoPE tables (global, and local for Gemma's windowed layers) on the
         weights' device; called once the model's storage exists."""
         device = self.lm_head.weight.device

@@ -44,8 +44,15 @@ class Gemma3ForCausalLM(DecoderModel):
     def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
         return Gemma3DecoderLayer(config, layer_idx)
 
-    def embed(self, input_ids: Tensor) -> Tensor:
-        embeddings = self.model.embed_tokens(input_ids)
+    embed_scale: Tensor
+
+    def init_buffers(self, max_positions: int) -> None:
+        super().init_buffers(max_positions)
         # Hugging Face rounds the scale to the weight dtype first; so do we, for parity.
-        scale = torch.tensor(self.config.hidden_size**0.5, dtype=embeddings.dtype)
-        return embeddings * scale.to(embeddings.device)
+        weight = self.model.embed_tokens.weight
+        self.embed_scale = torch.tensor(
+            self.config.hidden_size**0.5, dtype=weight.dtype, device=weight.device
+        )
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.model.embed_tokens(input_ids) * self.embed_scale

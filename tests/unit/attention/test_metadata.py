@@ -20,8 +20,11 @@ def test_prefill_across_blocks_maps_tokens_in_order() -> None:
 
 def test_decode_rows_continue_each_sequence() -> None:
     host = host_batch(
-        [ScheduledSequence([0], 15, [1]), ScheduledSequence([4, 5], 16, [2]),
-         ScheduledSequence([8, 9, 6], 32, [3])],
+        [
+            ScheduledSequence([0], 15, [1]),
+            ScheduledSequence([4, 5], 16, [2]),
+            ScheduledSequence([8, 9, 6], 32, [3]),
+        ],
         block_size=16,
     )
     assert host.positions.tolist() == [15, 16, 32]

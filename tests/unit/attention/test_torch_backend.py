@@ -47,7 +47,15 @@ def test_ragged_batch_matches_per_sequence_attention(window: int) -> None:
     _, meta = build_metadata(seqs, block, torch.device("cpu"))
     new_k = torch.cat([k[d:] for k, (d, _) in zip(full_k, shapes)])
     new_v = torch.cat([v[d:] for v, (d, _) in zip(full_v, shapes)])
-    out = attend(torch.cat(queries), new_k, new_v, cache_k, cache_v, meta,
-                 scale=1 / math.sqrt(dim), sliding_window=window)
+    out = attend(
+        torch.cat(queries),
+        new_k,
+        new_v,
+        cache_k,
+        cache_v,
+        meta,
+        scale=1 / math.sqrt(dim),
+        sliding_window=window,
+    )
     expected = torch.cat([_naive(q, k, v, window) for q, k, v in zip(queries, full_k, full_v)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -12,8 +12,12 @@ from infer.engine.sampling_params import SamplingParams
 VOCAB = 50
 
 
-def _request(params: SamplingParams, seed: int = 0, output: list[int] | None = None,
-             prompt: list[int] | None = None) -> Request:
+def _request(
+    params: SamplingParams,
+    seed: int = 0,
+    output: list[int] | None = None,
+    prompt: list[int] | None = None,
+) -> Request:
     prompt = prompt or [1, 2, 3]
     return Request("r", prompt + (output or []), len(prompt), params, seed, frozenset({0}))
 
@@ -68,8 +72,13 @@ def test_top_k_top_p_and_min_p_restrict_the_candidates() -> None:
 
 def test_greedy_and_sampled_rows_mix() -> None:
     logits = torch.randn(2, VOCAB)
-    out = _sample(logits, [_request(SamplingParams(temperature=0)),
-                           _request(SamplingParams(temperature=1.0, top_k=1))])
+    out = _sample(
+        logits,
+        [
+            _request(SamplingParams(temperature=0)),
+            _request(SamplingParams(temperature=1.0, top_k=1)),
+        ],
+    )
     assert out.token_ids.tolist() == logits.argmax(-1).tolist()
 
 
@@ -110,10 +119,22 @@ def test_logprobs_of_the_sampled_token_and_the_top_alternatives() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.5),
-     ("repetition_penalty", 0.0), ("presence_penalty", 3.0), ("frequency_penalty", -3.0),
-     ("seed", -1), ("max_tokens", 0), ("min_tokens", -1), ("logprobs", 21), ("stop", [""]),
-     ("stop_token_ids", [-1])],
+    [
+        ("n", 0),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -3.0),
+        ("seed", -1),
+        ("max_tokens", 0),
+        ("min_tokens", -1),
+        ("logprobs", 21),
+        ("stop", [""]),
+        ("stop_token_ids", [-1]),
+    ],
 )
 def test_invalid_sampling_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -121,6 +142,6 @@ def test_invalid_sampling_params_name_the_field(field: str, value: object) -> No
 
 
 def test_min_tokens_cannot_exceed_max_tokens() -> None:
-    with pytest.raises(ValueError, match="^min_tokens:"):
+    with pytest.raises(ValueError, match=r"^min_tokens:"):
         SamplingParams(max_tokens=2, min_tokens=3)
     assert SamplingParams(stop="x").stop == ["x"]

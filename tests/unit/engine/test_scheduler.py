@@ -78,7 +78,8 @@ def test_contiguous_backend_admits_by_free_slots_only() -> None:
     pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
     scheduler = Scheduler(
         EngineConfig(device="cpu", kv_cache_backend="contiguous", use_prefix_caching=False),
-        pool, max_seq_len=64,
+        pool,
+        max_seq_len=64,
     )
     for name in "ABC":
         scheduler.add_request(_request(name, 30))
@@ -123,8 +124,9 @@ def test_prefill_chunk_cap_per_step() -> None:
 
 
 def test_without_chunking_a_prompt_runs_whole() -> None:
-    scheduler = _scheduler(_pool(5000), use_chunked_prefill=False, prefill_chunk_size=16,
-                           max_num_batched_tokens=64)
+    scheduler = _scheduler(
+        _pool(5000), use_chunked_prefill=False, prefill_chunk_size=16, max_num_batched_tokens=64
+    )
     scheduler.add_request(_request("A", 1000))
     assert _names(scheduler.schedule()) == [("A", 1000)]  # the budget grows to max_seq_len
 
@@ -161,8 +163,14 @@ def test_preempted_request_resumes_with_its_generated_tokens() -> None:
 def test_static_batching_admits_only_when_the_batch_is_done() -> None:
     shape = (1, 4 * 4, 1, 16, 1)
     pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
-    config = EngineConfig(device="cpu", batching_mode="static", kv_cache_backend="contiguous",
-                          use_chunked_prefill=False, use_prefix_caching=False, max_batch_size=2)
+    config = EngineConfig(
+        device="cpu",
+        batching_mode="static",
+        kv_cache_backend="contiguous",
+        use_chunked_prefill=False,
+        use_prefix_caching=False,
+        max_batch_size=2,
+    )
     scheduler = Scheduler(config, pool, max_seq_len=64)
     for name in "ABC":
         scheduler.add_request(_request(name, 5))

@@ -1,0 +1,178 @@
+"""On a GPU, in bf16: the Triton backend generates what the torch backend generates, CUDA
+graphs change nothing, and every engine mode agrees, for all three families."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+
+from infer import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+# Small but realistic shapes: head dims 128/64/256, GQA 4/4/4, a Gemma window below the prompt.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 4096,
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "vocab_size": 4096,
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    },
+    "gemma3": {
+        "model_type": "gemma3_text",
+        "vocab_size": 4096,
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 64,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 256,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    },
+}
+PROMPT_LENGTHS = (7, 100, 300, 33)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    paths = {}
+    for family, config in CONFIGS.items():
+        directory = tmp_path_factory.mktemp(family)
+        (directory / "config.json").write_text(json.dumps(config))
+        paths[family] = str(directory)
+    return paths
+
+
+@contextmanager
+def _torch_attention() -> Iterator[None]:
+    os.environ["INFER_DISABLE_TRITON"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["INFER_DISABLE_TRITON"]
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randint(10, 4096, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+def _generate(path: str, **options: Any) -> list[list[int]]:
+    settings = {
+        "load_format": "dummy",
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "num_gpu_blocks": 512,
+        "max_seq_len": 1024,
+        "max_batch_size": 16,
+        **options,
+    }
+    llm = LLM(path, **settings)
+    # Sharpen the random model's predictions so bf16 rounding cannot flip near-ties.
+    with torch.no_grad():
+        llm.engine.model.lm_head.weight.mul_(8.0)
+    results = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+    pool = llm.engine.pool
+    assert pool.audit_blocks() == [] and pool.used_blocks() == 0
+    return [r.outputs[0].token_ids for r in results]
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_triton_backend_generates_what_the_torch_backend_generates(
+    family: str, checkpoints: dict[str, str]
+) -> None:
+    triton = _generate(checkpoints[family], use_cuda_graphs=False)
+    with _torch_attention():
+        reference = _generate(checkpoints[family], use_cuda_graphs=False)
+    assert triton == reference
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_cuda_graphs_and_engine_modes_change_nothing(
+    family: str, checkpoints: dict[str, str]
+) -> None:
+    path = checkpoints[family]
+    eager = _generate(
+        path, use_cuda_graphs=False, use_chunked_prefill=False, use_prefix_caching=False
+    )
+    assert _generate(path) == eager  # defaults: graphs, chunked prefill, prefix caching
+    assert _generate(path, prefill_chunk_size=16, max_prefill_chunks_per_step=2) == eager
+    assert _generate(path, num_gpu_blocks=40, admission_reserve=0.0) == eager  # preemption
+    assert (
+        _generate(
+            path,
+            kv_cache_backend="contiguous",
+            use_prefix_caching=False,
+            use_chunked_prefill=False,
+            use_cuda_graphs=False,
+        )
+        == eager
+    )
+
+
+def test_batches_beyond_the_largest_graph_fall_back_to_eager(checkpoints: dict[str, str]) -> None:
+    path = checkpoints["llama"]
+    options = {"max_batch_size": 4, "num_gpu_blocks": 512}
+    assert _generate(path, **options) == _generate(path, use_cuda_graphs=False, **options)
+
+
+def test_dummy_llama_3_2_3b_generates_in_bf16() -> None:
+    llm = LLM("llama-3.2-3b", load_format="dummy", max_batch_size=8, max_seq_len=512)
+    (result,) = llm.generate([[128000, 791, 6864, 315]], GREEDY, use_tqdm=False)
+    assert len(result.outputs[0].token_ids) == 32
+    assert llm.engine.dtype == torch.bfloat16 and llm.engine.device.type == "cuda"
+
+
+def test_the_cuda_graph_memory_is_reported(checkpoints: dict[str, str]) -> None:
+    llm = LLM(
+        checkpoints["qwen3"],
+        load_format="dummy",
+        max_batch_size=16,
+        max_seq_len=1024,
+        num_gpu_blocks=256,
+    )
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.memory_bytes > 0
