@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -64,7 +64,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[GenerationResult]:
         """Generate for each prompt (a string or a list of token ids)."""
-        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
+        batch = cast(list[Prompt], [prompts] if _is_single_prompt(prompts) else list(prompts))
         encoded = [self.engine.encode_prompt(p) for p in batch]
         texts = [p if isinstance(p, str) else None for p in batch]
         return self._run(encoded, texts, sampling_params, use_tqdm)
@@ -76,11 +76,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[GenerationResult]:
         """Generate the assistant's reply to each conversation (chat template applied)."""
-        batch: list[list[Message]] = (
-            [conversations]
-            if conversations and isinstance(conversations[0], dict)  # type: ignore[list-item]
-            else conversations  # type: ignore[assignment]
-        )
+        single = bool(conversations) and isinstance(conversations[0], dict)
+        batch = cast(list[list[Message]], [conversations] if single else conversations)
         encoded = [self.engine.encode_chat(messages) for messages in batch]
         return self._run(encoded, [None] * len(encoded), sampling_params, use_tqdm)
 

@@ -95,6 +95,12 @@ class WindowedPool:
         return True
 
     def commit(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> None:
+        self.advance(seq_id, num_tokens)
+
+    def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        """No prefix sharing in this strategy."""
+
+    def advance(self, seq_id: int, num_tokens: int) -> None:
         """Record the computed tokens and release the windowed layers' blocks that no later
         query can reach."""
         self.seq_lens[seq_id] += num_tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -116,7 +116,9 @@ class Attention(nn.Module):
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
 
-    def forward(self, x: Tensor, positions: Tensor, meta: AttentionMetadata, cos_sin: Tensor):
+    def forward(
+        self, x: Tensor, positions: Tensor, meta: AttentionMetadata, cos_sin: Tensor
+    ) -> Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -154,6 +156,19 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+class DecoderStack(nn.Module):
+    """The checkpoint's ``model.*`` part: embeddings, decoder layers, final norm."""
+
+    def __init__(self, embed_tokens: nn.Embedding, layers: list[nn.Module], norm: RMSNorm):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def attention_layers(self) -> list[Attention]:
+        return [cast(Attention, layer.get_submodule("self_attn")) for layer in self.layers]
+
+
 class DecoderModel(nn.Module):
     """Embedding → decoder layers → final norm → LM head, over a flat token batch.
 
@@ -170,12 +185,11 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleList(
-            [self.make_layer(config, i) for i in range(config.num_layers)]
+        self.model = DecoderStack(
+            nn.Embedding(config.vocab_size, config.hidden_size),
+            [self.make_layer(config, i) for i in range(config.num_layers)],
+            RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset),
         )
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -206,8 +220,8 @@ class DecoderModel(nn.Module):
         """Hidden states ``[T, hidden]`` after the final norm."""
         hidden = self.embed(input_ids)
         residual: Tensor | None = None
-        for layer in self.model.layers:
-            cos_sin = self.rope_local if layer.self_attn.sliding_window else self.rope_global
+        for layer, attention in zip(self.model.layers, self.model.attention_layers()):
+            cos_sin = self.rope_local if attention.sliding_window else self.rope_global
             hidden, residual = layer(hidden, residual, positions, meta, cos_sin)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
@@ -217,9 +231,9 @@ class DecoderModel(nn.Module):
 
     def bind_kv_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
         """Point each layer at its slice of the pool ``[layers, blocks, Hkv, BS, D]``."""
-        for i, layer in enumerate(self.model.layers):
-            layer.self_attn.k_cache = k_cache[i]
-            layer.self_attn.v_cache = v_cache[i]
+        for i, attention in enumerate(self.model.attention_layers()):
+            attention.k_cache = k_cache[i]
+            attention.v_cache = v_cache[i]
 
     _fused: ClassVar[dict[str, str]] = {
         "q_proj": "qkv_proj",
