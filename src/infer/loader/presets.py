@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from functools import cache
@@ -26,7 +27,8 @@ def preset_names() -> list[str]:
 def preset_config(name: str) -> dict[str, Any] | None:
     """HF ``config.json`` of a shape preset (``llama-3.2-3b``, ``qwen3-4b``, …) or None."""
     entry = _presets().get(name)
-    return None if entry is None else dict(entry["config"])
+    # A deep copy: callers (transformers' config classes among them) edit nested dicts.
+    return None if entry is None else copy.deepcopy(entry["config"])
 
 
 def embedded_model_path() -> Path:
