@@ -191,28 +191,14 @@ class PagedKVCachePool:
             for i, block in enumerate(table):
                 used = min(max(length - i * self.block_size, 0), self.block_size)
                 filled[block] = max(filled.get(block, 0), used)
-        used_blocks = self.allocator.num_allocated()
-        capacity = used_blocks * self.block_size
         prefix = self.prefix
-        queries = prefix.queries if prefix is not None else 0
-        hits = prefix.hits if prefix is not None else 0
-        return CacheStats(
-            backend=self.backend,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            used_blocks=used_blocks,
-            free_blocks=self.allocator.num_free(),
-            cached_blocks=self.allocator.num_cached_free(),
-            utilization=used_blocks / self.num_blocks if self.num_blocks else 0.0,
-            internal_fragmentation=1.0 - sum(filled.values()) / capacity if capacity else 0.0,
-            allocs_per_s=self.allocator.allocations.rate(),
-            frees_per_s=self.allocator.frees.rate(),
-            total_allocations=self.allocator.allocations.total,
-            total_frees=self.allocator.frees.total,
-            evictions=self.allocator.evictions,
-            prefix_hits=hits,
-            prefix_queries=queries,
-            prefix_hit_rate=hits / queries if queries else 0.0,
+        return CacheStats.measure(
+            self.backend,
+            self.allocator,
+            self.block_size,
+            sum(filled.values()),
             leaked_blocks=len(self.audit_blocks()),
             active_sequences=len(self.page_tables),
+            prefix_hits=prefix.hits if prefix is not None else 0,
+            prefix_queries=prefix.queries if prefix is not None else 0,
         )

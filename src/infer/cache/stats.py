@@ -5,6 +5,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infer.cache.allocator import BlockAllocator
 
 
 class RateMeter:
@@ -51,6 +55,43 @@ class CacheStats:
     leaked_blocks: int
     active_sequences: int
     preemptions: int = 0
+
+    @classmethod
+    def measure(
+        cls,
+        backend: str,
+        allocator: BlockAllocator,
+        block_size: int,
+        filled_slots: int,
+        leaked_blocks: int,
+        active_sequences: int,
+        prefix_hits: int = 0,
+        prefix_queries: int = 0,
+    ) -> CacheStats:
+        """Snapshot of a pool whose used blocks hold ``filled_slots`` tokens in all."""
+        used = allocator.num_allocated()
+        capacity = used * block_size
+        total = allocator.total_blocks
+        return cls(
+            backend=backend,
+            num_blocks=total,
+            block_size=block_size,
+            used_blocks=used,
+            free_blocks=allocator.num_free(),
+            cached_blocks=allocator.num_cached_free(),
+            utilization=used / total if total else 0.0,
+            internal_fragmentation=1.0 - filled_slots / capacity if capacity else 0.0,
+            allocs_per_s=allocator.allocations.rate(),
+            frees_per_s=allocator.frees.rate(),
+            total_allocations=allocator.allocations.total,
+            total_frees=allocator.frees.total,
+            evictions=allocator.evictions,
+            prefix_hits=prefix_hits,
+            prefix_queries=prefix_queries,
+            prefix_hit_rate=prefix_hits / prefix_queries if prefix_queries else 0.0,
+            leaked_blocks=leaked_blocks,
+            active_sequences=active_sequences,
+        )
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)

@@ -152,24 +152,11 @@ class WindowedPool:
 
     def stats(self) -> CacheStats:
         used = self.allocator.num_allocated()
-        capacity = used * self.block_size
-        return CacheStats(
-            backend=self.backend,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            used_blocks=used,
-            free_blocks=self.allocator.num_free(),
-            cached_blocks=0,
-            utilization=used / self.num_blocks if self.num_blocks else 0.0,
-            internal_fragmentation=self.unused_token_slots() / capacity if capacity else 0.0,
-            allocs_per_s=self.allocator.allocations.rate(),
-            frees_per_s=self.allocator.frees.rate(),
-            total_allocations=self.allocator.allocations.total,
-            total_frees=self.allocator.frees.total,
-            evictions=self.allocator.evictions,
-            prefix_hits=0,
-            prefix_queries=0,
-            prefix_hit_rate=0.0,
+        return CacheStats.measure(
+            self.backend,
+            self.allocator,
+            self.block_size,
+            used * self.block_size - self.unused_token_slots(),
             leaked_blocks=len(self.audit_blocks()),
             active_sequences=len(self._blocks),
         )
