@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import random
 import time
@@ -20,23 +19,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from infer.attention import ScheduledSequence, build_metadata
-from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
-from infer.cache.protocol import CachePoolProtocol
-from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig, ModelConfig
 from infer.engine.cuda_graphs import CUDAGraphRunner
+from infer.engine.memory import KVCacheBuilder
+from infer.engine.output import record_token, request_output
 from infer.engine.request import PENDING_TOKEN, Request, RequestOutput, TokenLogprob
 from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from infer.engine.warmup import warm_up_kernels
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
-
-# Without a GPU the pool is sized to at most this much host memory (unless set explicitly).
-CPU_KV_CACHE_BYTES = 1 << 30
 
 Prompt = str | Sequence[int]
 
@@ -65,7 +60,9 @@ class Engine:
             self.source, self.device, self.dtype, self.max_seq_len, config.load_format, config.seed
         )
         self.tokenizer = self._load_tokenizer()
-        self.pool = self._build_pool()
+        self.pool = KVCacheBuilder(
+            config, self.model_config, self.model, self.device, self.dtype, self.max_seq_len
+        ).build()
         graphs = None
         if config.cuda_graphs_enabled and not _torch_attention_forced():
             graphs = CUDAGraphRunner(
@@ -73,7 +70,7 @@ class Engine:
             )
         self.runner = ModelRunner(self.model, self.pool, self.device, self.max_seq_len, graphs)
         if self.device.type == "cuda":
-            self._warm_up_kernels()
+            warm_up_kernels(self.model, self.pool, self.device)
         if graphs is not None:
             graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
@@ -91,108 +88,6 @@ class Engine:
         if path is None:
             return None
         return Tokenizer.load(Path(path), self.model_config.eos_token_ids)
-
-    def _build_pool(self) -> CachePoolProtocol:
-        config, model_config = self.config, self.model_config
-        block_bytes = model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
-        if config.kv_cache_backend == "contiguous":
-            num_blocks = config.max_batch_size * config.blocks_per_contiguous_slot(self.max_seq_len)
-            self._check_fits(num_blocks, block_bytes)
-            return SlottedKVCache.for_slots(
-                model_config,
-                config.max_batch_size,
-                self.max_seq_len,
-                config.block_size,
-                dtype=self.dtype,
-                device=self.device,
-            )
-        num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
-        k, v = allocate_kv_tensors(
-            model_config, num_blocks, config.block_size, self.dtype, self.device
-        )
-        return PagedKVCachePool(k, v, config.block_size, config.use_prefix_caching)
-
-    def _available_cache_bytes(self) -> int:
-        if self.device.type != "cuda":
-            return CPU_KV_CACHE_BYTES
-        peak = self._profile_activation_bytes()
-        free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free
-        return int(total * self.config.gpu_memory_utilization) - used - peak
-
-    def _check_fits(self, num_blocks: int, block_bytes: int) -> None:
-        need = num_blocks * block_bytes
-        available = self._available_cache_bytes()
-        if need > available:
-            raise ValueError(
-                f"max_batch_size: the contiguous cache needs {need / 2**30:.1f} GiB "
-                f"({self.config.max_batch_size} slots of {self.max_seq_len} tokens) but "
-                f"{available / 2**30:.1f} GiB are available; lower max_batch_size or "
-                "max_seq_len, or use kv_cache_backend='paged'"
-            )
-
-    def _auto_num_blocks(self, block_bytes: int) -> int:
-        available = self._available_cache_bytes()
-        if self.device.type != "cuda":
-            seeds_default = self.config.max_batch_size * self.max_seq_len // self.config.block_size
-            return max(1, min(seeds_default, available // block_bytes))
-        num_blocks = available // block_bytes
-        if num_blocks < 1:
-            raise ValueError("gpu_memory_utilization: no memory is left for the KV cache")
-        logger.info("KV cache: %d blocks (%.1f GiB)", num_blocks, num_blocks * block_bytes / 2**30)
-        return num_blocks
-
-    @torch.inference_mode()
-    def _profile_activation_bytes(self) -> int:
-        """Peak memory of the largest step (token budget, plus sampling of a full batch)."""
-        config = self.config
-        budget = config.resolved_max_num_batched_tokens(self.max_seq_len)
-        seq_len = min(budget, self.max_seq_len)
-        blocks_per_seq = math.ceil(seq_len / config.block_size)
-        num_seqs = math.ceil(budget / seq_len)
-        k, v = allocate_kv_tensors(
-            self.model_config, blocks_per_seq * num_seqs, config.block_size, self.dtype, self.device
-        )
-        self.model.bind_kv_cache(k, v)
-        seqs = [
-            ScheduledSequence(
-                list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), 0, [0] * seq_len
-            )
-            for i in range(num_seqs)
-        ]
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        start = torch.cuda.memory_allocated(self.device)
-        input_ids, meta = build_metadata(seqs, config.block_size, self.device)
-        hidden = self.model(input_ids, meta.positions, meta)
-        self.model.compute_logits(hidden[: config.max_batch_size])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - start
-        del k, v, hidden
-        torch.cuda.empty_cache()
-        sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
-        return peak + sampling
-
-    @torch.inference_mode()
-    def _warm_up_kernels(self) -> None:
-        """Compile the GPU kernels for each kind of step before serving: a first-use compile
-        would otherwise stall the first requests for seconds. (Writes land in free blocks.)"""
-        block_size = self.config.block_size
-        blocks = itertools.cycle(range(self.pool.num_blocks))
-
-        def sequence(computed: int, new: int) -> ScheduledSequence:
-            count = math.ceil((computed + new) / block_size)
-            return ScheduledSequence([next(blocks) for _ in range(count)], computed, [0] * new)
-
-        batches = [
-            [sequence(0, 2 * block_size), sequence(block_size, 1)],  # few rows: split keys
-            [sequence(block_size, 1)],  # a lone decode row
-            [sequence(0, 8) for _ in range(32)] + [sequence(block_size, 1) for _ in range(32)],
-        ]
-        for batch in batches:
-            input_ids, meta = build_metadata(batch, block_size, self.device)
-            self.model.compute_logits(self.model(input_ids, meta.positions, meta)).argmax(-1)
-        torch.cuda.synchronize(self.device)
 
     # --- requests ------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt) -> list[int]:
@@ -377,7 +272,8 @@ class Engine:
                 request.pending_tokens -= 1
                 if logprob is not None:
                     request.logprobs.append(logprob)
-                new_text = self._record_token(request, token_id, now)
+                self.num_generated_tokens += 1
+                new_text = record_token(request, token_id, now, self.max_seq_len)
                 if request.is_finished:  # drop a token queued after its end
                     del request.token_ids[position + 1 :]
                     request.pending_tokens = 0
@@ -391,56 +287,6 @@ class Engine:
                 self.pool.index_blocks(request.slot, request.token_ids[:known])
         return outputs
 
-    def _record_token(self, request: Request, token_id: int, now: float) -> str:
-        """Account a sampled token, detokenise it, apply stop rules; returns new text."""
-        self.num_generated_tokens += 1
-        if request.first_token_time is None:
-            request.first_token_time = now
-        request.token_times.append(now)
-        params = request.params
-        if request.detokenizer is not None:
-            request.text += request.detokenizer.add(token_id)
-        produced = request.num_output_tokens - request.pending_tokens
-        stopped = token_id in request.stop_token_ids and produced >= params.min_tokens
-        if stopped or (params.stop and self._cut_at_stop_string(request)):
-            request.finish("stop")
-        elif (params.max_tokens is not None and produced >= params.max_tokens) or (
-            request.num_tokens - request.pending_tokens >= self.max_seq_len
-        ):
-            request.finish("length")
-        return self._releasable_text(request)
-
-    @staticmethod
-    def _cut_at_stop_string(request: Request) -> bool:
-        """Truncate the text before the first stop string in it (the stop is not output)."""
-        cut = min(
-            (
-                i
-                for i in (
-                    request.text.find(s, max(0, request.emitted_text_len - len(s)))
-                    for s in request.params.stop
-                )
-                if i >= 0
-            ),
-            default=-1,
-        )
-        if cut < 0:
-            return False
-        request.text = request.text[:cut]
-        return True
-
-    @staticmethod
-    def _releasable_text(request: Request) -> str:
-        """New text safe to stream: while running, hold back what could start a stop string."""
-        end = len(request.text)
-        if not request.is_finished and request.params.stop:
-            end -= max(len(s) for s in request.params.stop) - 1
-        if end <= request.emitted_text_len:
-            return ""
-        new_text = request.text[request.emitted_text_len : end]
-        request.emitted_text_len = end
-        return new_text
-
     def _output(
         self,
         request: Request,
@@ -450,22 +296,7 @@ class Engine:
     ) -> RequestOutput:
         if request.is_finished:
             self._requests.pop(request.request_id, None)
-        start = request.arrival_time
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids if request.is_finished else [],
-            new_token_ids=new_ids,
-            new_text=new_text,
-            token_ids=request.output_token_ids if request.is_finished else [],
-            text=request.text[: request.emitted_text_len],
-            finished=request.is_finished,
-            finish_reason=request.finish_reason,
-            error=request.error,
-            new_logprobs=new_logprobs,
-            logprobs=request.logprobs if request.is_finished else [],
-            ttft_s=None if request.first_token_time is None else request.first_token_time - start,
-            token_times_s=[t - start for t in request.token_times] if request.is_finished else [],
-        )
+        return request_output(request, new_ids, new_logprobs, new_text)
 
     # --- introspection ---------------------------------------------------------------------
     def utilization(self) -> float:

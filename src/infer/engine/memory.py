@@ -1,0 +1,117 @@
+"""Sizing and allocating the KV cache pool from the memory left after the weights."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from infer.attention import ScheduledSequence, build_metadata
+from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
+from infer.cache.protocol import CachePoolProtocol
+from infer.cache.slotted import SlottedKVCache
+from infer.config import EngineConfig, ModelConfig
+from infer.models import DecoderModel
+
+logger = logging.getLogger(__name__)
+
+# Without a GPU the pool is sized to at most this much host memory (unless set explicitly).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class KVCacheBuilder:
+    """Builds the pool the config asks for: contiguous slots, or as many paged blocks as
+    ``num_gpu_blocks`` says or free memory allows (after a profiled worst-case step)."""
+
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, model: DecoderModel,
+        device: torch.device, dtype: torch.dtype, max_seq_len: int,
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.model_config = model_config
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.max_seq_len = max_seq_len
+
+    def build(self) -> CachePoolProtocol:
+        config, model_config = self.config, self.model_config
+        block_bytes = model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
+        if config.kv_cache_backend == "contiguous":
+            num_blocks = config.max_batch_size * config.blocks_per_contiguous_slot(self.max_seq_len)
+            self._check_fits(num_blocks, block_bytes)
+            return SlottedKVCache.for_slots(
+                model_config,
+                config.max_batch_size,
+                self.max_seq_len,
+                config.block_size,
+                dtype=self.dtype,
+                device=self.device,
+            )
+        num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
+        k, v = allocate_kv_tensors(
+            model_config, num_blocks, config.block_size, self.dtype, self.device
+        )
+        return PagedKVCachePool(k, v, config.block_size, config.use_prefix_caching)
+
+    def _available_cache_bytes(self) -> int:
+        if self.device.type != "cuda":
+            return CPU_KV_CACHE_BYTES
+        peak = self._profile_activation_bytes()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        return int(total * self.config.gpu_memory_utilization) - used - peak
+
+    def _check_fits(self, num_blocks: int, block_bytes: int) -> None:
+        need = num_blocks * block_bytes
+        available = self._available_cache_bytes()
+        if need > available:
+            raise ValueError(
+                f"max_batch_size: the contiguous cache needs {need / 2**30:.1f} GiB "
+                f"({self.config.max_batch_size} slots of {self.max_seq_len} tokens) but "
+                f"{available / 2**30:.1f} GiB are available; lower max_batch_size or "
+                "max_seq_len, or use kv_cache_backend='paged'"
+            )
+
+    def _auto_num_blocks(self, block_bytes: int) -> int:
+        available = self._available_cache_bytes()
+        if self.device.type != "cuda":
+            seeds_default = self.config.max_batch_size * self.max_seq_len // self.config.block_size
+            return max(1, min(seeds_default, available // block_bytes))
+        num_blocks = available // block_bytes
+        if num_blocks < 1:
+            raise ValueError("gpu_memory_utilization: no memory is left for the KV cache")
+        logger.info("KV cache: %d blocks (%.1f GiB)", num_blocks, num_blocks * block_bytes / 2**30)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_activation_bytes(self) -> int:
+        """Peak memory of the largest step (token budget, plus sampling of a full batch)."""
+        config = self.config
+        budget = config.resolved_max_num_batched_tokens(self.max_seq_len)
+        seq_len = min(budget, self.max_seq_len)
+        blocks_per_seq = math.ceil(seq_len / config.block_size)
+        num_seqs = math.ceil(budget / seq_len)
+        k, v = allocate_kv_tensors(
+            self.model_config, blocks_per_seq * num_seqs, config.block_size, self.dtype, self.device
+        )
+        self.model.bind_kv_cache(k, v)
+        seqs = [
+            ScheduledSequence(
+                list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), 0, [0] * seq_len
+            )
+            for i in range(num_seqs)
+        ]
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = torch.cuda.memory_allocated(self.device)
+        input_ids, meta = build_metadata(seqs, config.block_size, self.device)
+        hidden = self.model(input_ids, meta.positions, meta)
+        self.model.compute_logits(hidden[: config.max_batch_size])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - start
+        del k, v, hidden
+        torch.cuda.empty_cache()
+        sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
+        return peak + sampling

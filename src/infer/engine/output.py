@@ -1,0 +1,72 @@
+"""Turning sampled tokens into text, stop decisions and the outputs callers see."""
+
+from __future__ import annotations
+
+from infer.engine.request import Request, RequestOutput, TokenLogprob
+
+
+def record_token(request: Request, token_id: int, now: float, max_seq_len: int) -> str:
+    """Account a sampled token (already in ``token_ids``), detokenise it and apply the stop
+    rules (stop tokens, stop strings, ``max_tokens``, ``max_seq_len``); returns the new text
+    that may be streamed."""
+    if request.first_token_time is None:
+        request.first_token_time = now
+    request.token_times.append(now)
+    params = request.params
+    if request.detokenizer is not None:
+        request.text += request.detokenizer.add(token_id)
+    produced = request.num_output_tokens - request.pending_tokens
+    stopped = token_id in request.stop_token_ids and produced >= params.min_tokens
+    if stopped or (params.stop and _cut_at_stop_string(request)):
+        request.finish("stop")
+    elif (params.max_tokens is not None and produced >= params.max_tokens) or (
+        request.num_tokens - request.pending_tokens >= max_seq_len
+    ):
+        request.finish("length")
+    return _releasable_text(request)
+
+
+def _cut_at_stop_string(request: Request) -> bool:
+    """Truncate the text before the first stop string in it (the stop is not output)."""
+    start = request.emitted_text_len
+    found = (request.text.find(s, max(0, start - len(s))) for s in request.params.stop)
+    cut = min((i for i in found if i >= 0), default=-1)
+    if cut < 0:
+        return False
+    request.text = request.text[:cut]
+    return True
+
+
+def _releasable_text(request: Request) -> str:
+    """New text safe to stream: while running, hold back what could start a stop string."""
+    end = len(request.text)
+    if not request.is_finished and request.params.stop:
+        end -= max(len(s) for s in request.params.stop) - 1
+    if end <= request.emitted_text_len:
+        return ""
+    new_text = request.text[request.emitted_text_len : end]
+    request.emitted_text_len = end
+    return new_text
+
+
+def request_output(
+    request: Request, new_ids: list[int], new_logprobs: list[TokenLogprob], new_text: str
+) -> RequestOutput:
+    """What a step reports for a request; totals and timings once it has finished."""
+    done = request.is_finished
+    start = request.arrival_time
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids if done else [],
+        new_token_ids=new_ids,
+        new_text=new_text,
+        token_ids=request.output_token_ids if done else [],
+        text=request.text[: request.emitted_text_len],
+        finished=done,
+        finish_reason=request.finish_reason,
+        error=request.error,
+        new_logprobs=new_logprobs,
+        logprobs=request.logprobs if done else [],
+        ttft_s=None if request.first_token_time is None else request.first_token_time - start,
+        token_times_s=[t - start for t in request.token_times] if done else [],
+    )
