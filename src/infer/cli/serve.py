@@ -1,10 +1,64 @@
-"""``infer serve``: placeholder until its issue lands (replace this whole file)."""
+"""``infer serve``: the OpenAI-compatible HTTP server (every engine flag, plus HTTP ones)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+
+from infer.cli.engine_args import add_engine_args, engine_config_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("serve", help="(not available yet)")
-    parser.set_defaults(handler=lambda args: print("infer serve is not available yet") or 1)
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the OpenAI API (/v1/completions, /v1/chat/completions, ...)",
+        description="Serve a model over the OpenAI API, with /health, /metrics and "
+        "/v1/cache/stats.",
+    )
+    http = parser.add_argument_group("server options")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    http.add_argument(
+        "--api-key",
+        default=os.environ.get("INFER_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $INFER_API_KEY)",
+    )
+    http.add_argument(
+        "--served-model-name", help="model name clients pass and see (default: --model)"
+    )
+    http.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="abort requests running longer than this many seconds (default: none)",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are "
+        "aborted (default: 10)",
+    )
+    http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    add_engine_args(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from infer.server.launch import build_server
+
+    config = engine_config_from_args(args)
+    server = build_server(
+        config,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        request_timeout=args.request_timeout,
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
+        server.run()
+    return 0

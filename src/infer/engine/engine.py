@@ -12,7 +12,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from infer.config import EngineConfig, ModelConfig
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.output import record_token, request_output
+from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.request import PENDING_TOKEN, Request, RequestOutput, TokenLogprob
 from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
@@ -32,8 +32,6 @@ from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | Sequence[int]
 
 
 @dataclass
@@ -60,6 +58,7 @@ class Engine:
             self.source, self.device, self.dtype, self.max_seq_len, config.load_format, config.seed
         )
         self.tokenizer = self._load_tokenizer()
+        self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.pool = KVCacheBuilder(
             config, self.model_config, self.model, self.device, self.dtype, self.max_seq_len
         ).build()
@@ -91,28 +90,10 @@ class Engine:
 
     # --- requests ------------------------------------------------------------------------
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer; pass token ids")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = [int(t) for t in prompt]
-            vocab = self.model_config.vocab_size
-            if any(not 0 <= t < vocab for t in token_ids):
-                raise ValueError(f"prompt: token ids must be in [0, {vocab})")
-        if not token_ids:
-            raise ValueError("prompt: must not be empty")
-        if len(token_ids) >= self.max_seq_len:
-            raise ValueError(
-                f"prompt: {len(token_ids)} tokens leave no room to generate within "
-                f"max_seq_len={self.max_seq_len}"
-            )
-        return token_ids
+        return self.prompts.encode_prompt(prompt)
 
     def encode_chat(self, messages: list[Message]) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("messages: this model has no tokenizer, so no chat template")
-        return self.encode_prompt(self.tokenizer.apply_chat_template(messages))
+        return self.prompts.encode_chat(messages)
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None

@@ -10,7 +10,8 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from infer.config import EngineConfig
-from infer.engine.engine import Engine, Prompt
+from infer.engine.engine import Engine
+from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
@@ -96,7 +97,7 @@ class LLM:
         pending: deque[tuple[str, list[int], SamplingParams]] = deque()
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             for j in range(p.n):
-                child = p if p.n == 1 else _nth_sample(p, j)
+                child = p if p.n == 1 else p.nth_sample(j)
                 pending.append((f"{i}:{j}", prompt, child))
         finished: dict[str, RequestOutput] = {}
         total = len(pending)
@@ -139,14 +140,6 @@ def _per_prompt(
     if len(params) != count:
         raise ValueError(f"sampling_params: {len(params)} given for {count} prompts")
     return list(params)
-
-
-def _nth_sample(params: SamplingParams, index: int) -> SamplingParams:
-    """The ``index``-th of ``n`` samples: its own seed stream when a seed is given."""
-    from dataclasses import replace
-
-    seed = None if params.seed is None else params.seed + index
-    return replace(params, n=1, seed=seed)
 
 
 def _completion(index: int, out: RequestOutput) -> Completion:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -86,6 +86,12 @@ class SamplingParams:
             "logprobs",
             f"must be in [0, 20], got {self.logprobs}",
         )
+
+    def nth_sample(self, index: int) -> SamplingParams:
+        """The ``index``-th of ``n`` samples: one sequence, with its own seed stream when a
+        seed is given (seed + index)."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:

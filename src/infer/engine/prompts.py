@@ -1,0 +1,44 @@
+"""Prompts and conversations to validated token ids.
+
+Text needs a tokenizer, token ids must be in the vocabulary, a prompt must not be empty and
+must leave room to generate. The engine and the server's API process (which validates before
+anything reaches the engine) share these rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infer.tokenizer import Message, Tokenizer
+
+Prompt = str | Sequence[int]
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, max_seq_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.vocab_size for t in token_ids):
+                raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size})")
+        if not token_ids:
+            raise ValueError("prompt: must not be empty")
+        if len(token_ids) >= self.max_seq_len:
+            raise ValueError(
+                f"prompt: {len(token_ids)} tokens leave no room to generate within "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        return token_ids
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("messages: this model has no tokenizer, so no chat template")
+        return self.encode_prompt(self.tokenizer.apply_chat_template(messages))

@@ -1,0 +1,96 @@
+"""The FastAPI app: ``create_app(config, ...)`` wires the OpenAI endpoints, health,
+Prometheus metrics and cache statistics around an ``AsyncEngine``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from infer import __version__
+from infer.config import EngineConfig
+from infer.server.async_engine import AsyncEngine, EngineStoppedError
+from infer.server.auth import APIKeyMiddleware
+from infer.server.chat import ChatServing
+from infer.server.completions import CompletionServing
+from infer.server.errors import APIError, install_error_handlers
+from infer.server.logprobs import LogprobFormatter
+from infer.server.metrics import ServerMetrics
+from infer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+
+def create_app(
+    config: EngineConfig,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    request_timeout: float | None = None,
+) -> FastAPI:
+    """An app serving ``config``'s model. Its lifespan starts the engine process (startup
+    completes once the model is loaded) and stops it.
+
+    ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown).
+    """
+    engine = AsyncEngine(config, request_timeout)
+    model_name = served_model_name or config.model
+    metrics = ServerMetrics(lambda: engine.snapshot)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        logprobs = LogprobFormatter(engine.prompts.tokenizer)
+        app.state.completions = CompletionServing(engine, model_name, metrics, logprobs)
+        app.state.chat = ChatServing(engine, model_name, metrics, logprobs)
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, raw: Request) -> Response:
+        serving: CompletionServing = raw.app.state.completions
+        return await serving.create(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
+        serving: ChatServing = raw.app.state.chat
+        return await serving.create(body, raw)
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        card = ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
+        return ModelList(data=[card])
+
+    @app.get("/v1/cache/stats")
+    async def cache_stats() -> JSONResponse:
+        """The KV pool's memory metrics (seed 004), read in the engine between steps."""
+        try:
+            stats = await engine.call("cache_stats")
+        except EngineStoppedError as exc:
+            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+        return JSONResponse(stats)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine.error is not None:
+            raise APIError(503, f"the engine failed: {engine.error}", "server_error")
+        if not engine.is_healthy or not engine.accepting:
+            raise APIError(503, "the server is not serving (starting or shutting down)",
+                           "server_error")  # fmt: skip
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,408 @@
+"""The API process's side of the engine: submit work, read each request's outputs.
+
+The engine runs in its own process (``engine_process.py``). Commands go to it through a
+sender thread (so the event loop never blocks on a full pipe) and a reader thread hands
+every step's outputs to the event loop in one ``call_soon_threadsafe``. The HTTP side never
+waits for the engine to accept work: it decides backpressure from its own count of
+unfinished sequences, then only enqueues. Prompts are tokenized and checked here, in a
+worker thread, so a slow tokenization never stalls other streams and bad input never
+reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infer.config import EngineConfig
+from infer.engine.prompts import PromptEncoder
+from infer.engine.request import RequestOutput
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import QueueFullError
+from infer.server.engine_process import (
+    EngineInfo,
+    EngineSnapshot,
+    Progress,
+    progress_output,
+    run_engine,
+)
+from infer.tokenizer import Message, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sequences = Sequence[tuple[list[int], SamplingParams]]
+STOP_TIMEOUT_S = 60.0
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not serving: the server is shutting down, or the engine failed."""
+
+
+class RequestTimeoutError(RuntimeError):
+    """The request ran longer than the server's ``--request-timeout``."""
+
+
+@dataclass(eq=False)
+class Job:
+    """The engine sequences of one HTTP request (``n`` per prompt) and their outputs.
+
+    Iterating it yields lists of ``(index, RequestOutput)``: everything that arrived since
+    the previous iteration, so a consumer that falls behind catches up in one go (a busy
+    server writes fewer, larger chunks). ``close()`` it in all cases: it aborts what is
+    still running and frees the capacity.
+    """
+
+    owner: AsyncEngine
+    request_ids: list[str]
+    deadline: float | None  # event-loop time
+    submitted: float = field(default_factory=time.perf_counter)
+    token_times: list[list[float]] = field(default_factory=list)  # per sequence
+    finish_reasons: list[str | None] = field(default_factory=list)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.token_times = [[] for _ in self.request_ids]
+        self.finish_reasons = [None] * len(self.request_ids)
+        self._unfinished = set(range(len(self.request_ids)))
+        self._ready: list[tuple[int, RequestOutput]] = []
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __aiter__(self) -> Job:
+        return self
+
+    async def __anext__(self) -> list[tuple[int, RequestOutput]]:
+        if not self._unfinished:
+            raise StopAsyncIteration
+        if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
+            raise self._timeout()
+        while not self._ready and self._error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._wait(self._waiter)
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise self._error
+        batch, self._ready = self._ready, []
+        for index, out in batch:
+            if out.finished:
+                self._unfinished.discard(index)
+        return batch
+
+    async def _wait(self, waiter: asyncio.Future[None]) -> None:
+        if self.deadline is None:
+            await waiter
+            return
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                await waiter
+        except TimeoutError:
+            raise self._timeout() from None
+
+    def _timeout(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"the request exceeded the server's timeout ({self.owner.request_timeout} s)"
+        )
+
+    def put(self, index: int, out: RequestOutput, now: float) -> None:
+        if out.new_token_ids:
+            self.token_times[index].append(now)
+        if out.finished:
+            self.finish_reasons[index] = out.finish_reason
+        self._ready.append((index, out))
+        self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @property
+    def unfinished_request_ids(self) -> list[str]:
+        return [self.request_ids[i] for i in sorted(self._unfinished)]
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.owner.release(self)
+
+
+class AsyncEngine:
+    """Starts the engine process for ``config``; ``submit`` work, iterate the ``Job``."""
+
+    def __init__(self, config: EngineConfig, request_timeout: float | None = None) -> None:
+        if request_timeout is not None and request_timeout <= 0:
+            raise ValueError(f"request_timeout: must be > 0 seconds, got {request_timeout}")
+        self.config = config
+        self.request_timeout = request_timeout
+        self.capacity = config.max_batch_size + config.max_waiting_requests
+        self.snapshot = EngineSnapshot()
+        self.error: str | None = None  # why the engine stopped serving, if it failed
+        self.accepting = False
+        self._info: EngineInfo | None = None
+        self._prompts: PromptEncoder | None = None
+        self._jobs: dict[str, tuple[Job, int]] = {}  # engine request id → (job, index)
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._outstanding = 0  # sequences submitted and not yet released
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future[EngineInfo] | None = None
+        self._process: BaseProcess | None = None
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._tokenize: ThreadPoolExecutor | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the engine process and wait until its model is loaded (``RuntimeError``
+        saying why when it cannot start)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
+        context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        command_out, command_in = context.Pipe(duplex=False)
+        event_out, event_in = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=run_engine,
+            args=(self.config, command_out, event_in),
+            name="infer-engine",
+            daemon=True,
+        )
+        self._process.start()
+        command_out.close()  # the child's ends: closed here, so a dead child reads as EOF
+        event_in.close()
+        self._threads = [
+            threading.Thread(target=self._send, args=(command_in,), name="infer-send"),
+            threading.Thread(target=self._receive, args=(event_out,), name="infer-receive"),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+        self._info = await self._ready
+        self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="infer-tokenize")
+        self._prompts = await self._loop.run_in_executor(self._tokenize, prompt_encoder, self._info)
+        self.accepting = True
+
+    async def drain(self, timeout: float) -> None:
+        """Stop accepting; give in-flight requests ``timeout`` seconds, then abort them."""
+        self.accepting = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._jobs and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._jobs:
+            logger.info("aborting %d in-flight sequences", len(self._jobs))
+        self._fail_all(EngineStoppedError("the server is shutting down"))
+
+    async def stop(self) -> None:
+        """Abort everything, let the engine free its cache, and wait for its process."""
+        self.accepting = False
+        self._stopping = True
+        self._fail_all(EngineStoppedError("the server is shutting down"))
+        process = self._process
+        if process is not None:
+            self._outbox.put(("stop",))
+            self._outbox.put(None)  # ends the sender thread
+            await asyncio.to_thread(process.join, STOP_TIMEOUT_S)
+            if process.is_alive():
+                logger.warning("the engine process did not stop; killing it")
+                process.kill()
+                await asyncio.to_thread(process.join)
+            for thread in self._threads:
+                await asyncio.to_thread(thread.join)
+            self._process = None
+        if self._tokenize is not None:
+            self._tokenize.shutdown()
+            self._tokenize = None
+
+    @property
+    def is_healthy(self) -> bool:
+        process = self._process
+        return self.error is None and process is not None and process.is_alive()
+
+    @property
+    def info(self) -> EngineInfo:
+        assert self._info is not None, "the engine has not started"
+        return self._info
+
+    @property
+    def prompts(self) -> PromptEncoder:
+        assert self._prompts is not None, "the engine has not started"
+        return self._prompts
+
+    # --- requests (event loop) -------------------------------------------------------------
+    async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt, validated (``ValueError`` naming ``prompt``)."""
+        return await self._in_tokenizer_thread(self.prompts.encode_prompt, prompt)
+
+    async def encode_chat(self, messages: list[Message]) -> list[int]:
+        return await self._in_tokenizer_thread(self.prompts.encode_chat, messages)
+
+    async def _in_tokenizer_thread(self, fn: Callable[[Any], T], arg: Any) -> T:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._tokenize, fn, arg)
+
+    def submit(self, job_id: str, sequences: Sequences) -> Job:
+        """Queue sequences for the engine, or raise at once: ``QueueFullError`` when the
+        server holds ``max_batch_size + max_waiting_requests`` unfinished sequences,
+        ``EngineStoppedError`` when it is not serving."""
+        self._check_serving()
+        count = len(sequences)
+        if count > self.capacity:
+            raise ValueError(
+                f"n: {count} sequences exceed what the server can hold ({self.capacity})"
+            )
+        if self._outstanding + count > self.capacity:
+            raise QueueFullError(
+                f"the server is at capacity ({self._outstanding} sequences in flight)"
+            )
+        assert self._loop is not None
+        timeout = self.request_timeout
+        deadline = None if timeout is None else self._loop.time() + timeout
+        job = Job(self, [f"{job_id}-{i}" for i in range(count)], deadline)
+        self._outstanding += count
+        for index, (request_id, (token_ids, params)) in enumerate(zip(job.request_ids, sequences)):
+            self._jobs[request_id] = (job, index)
+            self._outbox.put(("add", request_id, token_ids, params))
+        return job
+
+    def release(self, job: Job) -> None:
+        """Forget a job; abort its unfinished sequences (the engine frees their blocks)."""
+        for request_id in job.unfinished_request_ids:
+            self._outbox.put(("abort", request_id))
+        for request_id in job.request_ids:
+            self._jobs.pop(request_id, None)
+        self._outstanding -= len(job.request_ids)
+
+    async def call(self, name: str) -> Any:
+        """Call the engine's method ``name`` (e.g. ``cache_stats``) between two steps."""
+        self._check_serving(accepting=False)
+        assert self._loop is not None
+        call_id = next(self._call_ids)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._calls[call_id] = future
+        self._outbox.put(("call", call_id, name))
+        try:
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _check_serving(self, accepting: bool = True) -> None:
+        if self.error is not None:
+            raise EngineStoppedError(f"the engine failed: {self.error}")
+        if self._process is None or self._stopping or (accepting and not self.accepting):
+            raise EngineStoppedError("the server is shutting down")
+
+    # --- events from the engine (event loop) -----------------------------------------------
+    def _dispatch(
+        self, progress: list[Progress], finished: list[RequestOutput], snapshot: EngineSnapshot
+    ) -> None:
+        self.snapshot = snapshot
+        now = time.perf_counter()
+        for item in progress:
+            entry = self._jobs.get(item[0])
+            if entry is not None:  # None: the job was closed while the step ran
+                entry[0].put(entry[1], progress_output(item), now)
+        for out in finished:
+            entry = self._jobs.get(out.request_id)
+            if entry is not None:
+                entry[0].put(entry[1], out, now)
+
+    def _resolve_call(self, call_id: int, value: Any, error: str | None) -> None:
+        future = self._calls.get(call_id)
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(RuntimeError(error))
+        else:
+            future.set_result(value)
+
+    def _ready_event(self, info: EngineInfo) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(info)
+
+    def _engine_failed(self, message: str) -> None:
+        if self._stopping:
+            return  # the process ended because it was told to
+        logger.error("the engine stopped serving: %s", message)
+        self.error = message
+        self.accepting = False
+        error = EngineStoppedError(f"the engine failed: {message}")
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(RuntimeError(f"the engine could not start: {message}"))
+        self._fail_all(error)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for job in {job for job, _ in self._jobs.values()}:
+            job.fail(exc)
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens any more
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # --- the pipe threads ------------------------------------------------------------------
+    def _send(self, commands: Connection) -> None:
+        with commands:
+            while (command := self._outbox.get()) is not None:
+                try:
+                    commands.send(command)
+                except OSError:  # the engine process is gone; the receiver reports it
+                    return
+
+    def _receive(self, events: Connection) -> None:
+        with events:
+            try:
+                while True:
+                    event = events.recv()
+                    if event[0] == "step":
+                        self._post(self._dispatch, *event[1:])
+                    elif event[0] == "result":
+                        self._post(self._resolve_call, *event[1:])
+                    elif event[0] == "ready":
+                        self._post(self._ready_event, event[1])
+                    else:  # "failed": the engine process is ending
+                        self._post(self._engine_failed, event[1])
+                        return
+            except (EOFError, OSError):
+                assert self._process is not None
+                self._process.join(5.0)
+                code = self._process.exitcode
+                self._post(self._engine_failed, f"the engine process exited (exit code {code})")
+
+
+def prompt_encoder(info: EngineInfo) -> PromptEncoder:
+    """The engine's prompt rules with its tokenizer (a GGUF's conversion comes from the
+    cache the engine process filled)."""
+    tokenizer = None
+    if info.tokenizer_path is not None:
+        tokenizer = Tokenizer.load(Path(info.tokenizer_path), info.eos_token_ids)
+    return PromptEncoder(tokenizer, info.vocab_size, info.max_seq_len)

@@ -1,0 +1,41 @@
+"""``--api-key``: every ``/v1/`` route needs ``Authorization: Bearer <key>``.
+
+A plain ASGI middleware, so the key is checked before the body is even parsed (a request
+without the key gets 401 whatever its body). ``/health`` and ``/metrics`` stay open for
+probes and scrapers, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infer.server.errors import APIError
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            error = self._check(Headers(scope=scope).get("authorization"))
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, authorization: str | None) -> APIError | None:
+        if not authorization:
+            return _unauthorized("You didn't provide an API key (Authorization: Bearer <key>)")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), self._key):
+            return _unauthorized("Incorrect API key provided")
+        return None
+
+
+def _unauthorized(message: str) -> APIError:
+    return APIError(401, message, "invalid_request_error", code="invalid_api_key")

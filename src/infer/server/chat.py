@@ -1,0 +1,90 @@
+"""``POST /v1/chat/completions``: conversations through the model's chat template."""
+
+from __future__ import annotations
+
+from jinja2 import TemplateError
+
+from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+from infer.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatResponseMessage,
+    SamplingRequest,
+)
+from infer.server.serving import Context, OpenAIServing
+
+
+class ChatServing(OpenAIServing):
+    id_prefix = "chatcmpl"
+    prompt_field = "messages"
+
+    async def encode(self, request: SamplingRequest) -> list[list[int]]:
+        assert isinstance(request, ChatCompletionRequest)
+        messages = [message.for_template() for message in request.messages]
+        try:
+            return [await self.engine.encode_chat(messages)]
+        except TemplateError as exc:
+            raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
+        except ValueError as exc:  # the rendered prompt is what ``messages`` became
+            raise ValueError(f"messages: {str(exc).removeprefix('prompt: ')}") from exc
+
+    def sampling_params(self, request: SamplingRequest) -> SamplingParams:
+        assert isinstance(request, ChatCompletionRequest)
+        return request.sampling_params(request.requested_max_tokens, request.num_logprobs)
+
+    def stream_start(self, ctx: Context) -> list[str]:
+        opener = ChatDelta(role="assistant", content="")
+        return [
+            self._chunk(ctx, ChatChunkChoice(index=i, delta=opener)) for i in range(ctx.num_choices)
+        ]
+
+    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
+        if not (out.new_token_ids or out.finished):
+            return None
+        choice = ChatChunkChoice(
+            index=index,
+            delta=ChatDelta(content=out.new_text),
+            logprobs=self._logprobs(ctx, out.new_logprobs),
+            finish_reason=out.finish_reason,
+            token_ids=ctx.token_ids(out.new_token_ids),
+        )
+        return self._chunk(ctx, choice)
+
+    def usage_chunk(self, ctx: Context) -> str:
+        return ChatCompletionChunk(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[], usage=ctx.usage()
+        ).model_dump_json()
+
+    def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
+        choices = [
+            ChatChoice(
+                index=index,
+                message=ChatResponseMessage(content=out.text),
+                logprobs=self._logprobs(ctx, out.logprobs),
+                finish_reason=out.finish_reason,
+                token_ids=ctx.token_ids(out.token_ids),
+            )
+            for index, out in enumerate(finals)
+        ]
+        return ChatCompletionResponse(
+            id=ctx.request_id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=ctx.usage(),
+        ).model_dump_json()
+
+    def _logprobs(self, ctx: Context, entries: list[TokenLogprob]) -> ChatLogprobs | None:
+        return None if ctx.num_logprobs is None else self.logprobs.chat(entries)
+
+    @staticmethod
+    def _chunk(ctx: Context, choice: ChatChunkChoice) -> str:
+        return ChatCompletionChunk(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[choice]
+        ).model_dump_json()

@@ -1,0 +1,77 @@
+"""``POST /v1/completions``: plain prompts (text, token ids, or a list of either)."""
+
+from __future__ import annotations
+
+from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+from infer.server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    SamplingRequest,
+)
+from infer.server.serving import Context, OpenAIServing
+
+
+class CompletionServing(OpenAIServing):
+    id_prefix = "cmpl"
+    prompt_field = "prompt"
+
+    async def encode(self, request: SamplingRequest) -> list[list[int]]:
+        assert isinstance(request, CompletionRequest)
+        return [await self.engine.encode_prompt(prompt) for prompt in request.prompts()]
+
+    def sampling_params(self, request: SamplingRequest) -> SamplingParams:
+        assert isinstance(request, CompletionRequest)
+        return request.sampling_params(request.max_tokens, request.logprobs)
+
+    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
+        if not (out.new_token_ids or out.finished):
+            return None
+        logprobs = self._logprobs(ctx, index, out.new_logprobs)
+        choice = CompletionChoice(
+            index=index,
+            text=out.new_text,
+            logprobs=logprobs,
+            finish_reason=out.finish_reason,
+            token_ids=ctx.token_ids(out.new_token_ids),
+        )
+        return self._body(ctx, [choice]).model_dump_json()
+
+    def usage_chunk(self, ctx: Context) -> str:
+        return self._body(ctx, [], with_usage=True).model_dump_json()
+
+    def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
+        choices = [
+            CompletionChoice(
+                index=index,
+                text=out.text,
+                logprobs=self._logprobs(ctx, index, out.logprobs),
+                finish_reason=out.finish_reason,
+                token_ids=ctx.token_ids(out.token_ids),
+            )
+            for index, out in enumerate(finals)
+        ]
+        return self._body(ctx, choices, with_usage=True).model_dump_json()
+
+    def _logprobs(
+        self, ctx: Context, index: int, entries: list[TokenLogprob]
+    ) -> CompletionLogprobs | None:
+        if ctx.num_logprobs is None:
+            return None
+        logprobs = self.logprobs.completion(entries, ctx.text_offsets[index])
+        ctx.text_offsets[index] += sum(len(token) for token in logprobs.tokens)
+        return logprobs
+
+    @staticmethod
+    def _body(
+        ctx: Context, choices: list[CompletionChoice], with_usage: bool = False
+    ) -> CompletionResponse:
+        return CompletionResponse(
+            id=ctx.request_id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=ctx.usage() if with_usage else None,
+        )

@@ -1,0 +1,221 @@
+"""The engine's own process: it owns the ``Engine`` and loops over commands and steps.
+
+The server's event loop and the engine's per-step Python work would fight over one GIL if
+they shared a process (at thousands of tokens per second, streaming each token costs the
+event loop about as much host time as the step itself), so the engine runs here and talks
+to the API process over two pipes:
+
+- commands in: ``("add", request_id, token_ids, params)``, ``("abort", request_id)``,
+  ``("call", call_id, method_name)``, ``("stop",)``;
+- events out: ``("ready", EngineInfo)`` once, then ``("step", progress, finished,
+  snapshot)`` after every step (``progress``: compact ``(request_id, new_token_ids,
+  new_text, new_logprobs)`` tuples, cheap to pickle; ``finished``: whole
+  ``RequestOutput``s), ``("result", call_id, value, error)``, and ``("failed", message)``
+  if the engine cannot go on.
+
+Each iteration runs every queued command, then one ``engine.step()``. While nothing runs
+it blocks on the command pipe. Signals are ignored here: the API process decides when to
+stop, and the engine exits when told to or when the API process's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from infer.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import QueueFullError
+
+logger = logging.getLogger(__name__)
+
+Progress = tuple[str, list[int], str, list[TokenLogprob]]
+_CALLABLE = frozenset({"cache_stats"})  # engine methods the API process may call
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the API process needs to validate requests without the engine."""
+
+    max_seq_len: int
+    kv_capacity_tokens: int  # the most tokens one sequence can hold in the pool
+    vocab_size: int
+    tokenizer_path: str | None
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine counters, sent after every step (what ``/metrics`` shows)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+def run_engine(config: EngineConfig, commands: Connection, events: Connection) -> None:
+    """Entry point of the engine process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        engine = Engine(config)
+    except Exception as exc:
+        logger.exception("the engine could not start")
+        events.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    pool = engine.pool
+    tokenizer_path = config.tokenizer or engine.source.tokenizer_path
+    events.send((
+        "ready",
+        EngineInfo(
+            max_seq_len=engine.max_seq_len,
+            kv_capacity_tokens=pool.num_blocks * pool.block_size,
+            vocab_size=engine.model_config.vocab_size,
+            tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
+            eos_token_ids=tuple(engine.model_config.eos_token_ids),
+        ),
+    ))  # fmt: skip
+    try:
+        _EngineLoop(engine, commands, events).run()
+    except (EOFError, BrokenPipeError):  # the API process went away
+        pass
+    except Exception as exc:
+        logger.exception("the engine loop failed")
+        events.send(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+class _EngineLoop:
+    def __init__(self, engine: Engine, commands: Connection, events: Connection) -> None:
+        self.engine = engine
+        self.commands = commands
+        self.events = events
+        # Sequences not in the scheduler yet: its queue may be full when preemptions refill
+        # it (the API process bounds the total, so these are few and wait for the next step).
+        self.pending: deque[tuple[str, list[int], SamplingParams]] = deque()
+        self.active: set[str] = set()
+
+    def run(self) -> None:
+        while self._run_commands():
+            if self.engine.has_unfinished_requests():
+                self._send_step(self.engine.step())
+
+    def _run_commands(self) -> bool:
+        """Run the queued commands (waiting for one while idle); False on stop."""
+        idle = not self.engine.has_unfinished_requests() and not self.pending
+        ran = False
+        while (idle and not ran) or self.commands.poll():
+            command = self.commands.recv()
+            ran = True
+            if command[0] == "stop":
+                self._abort_all()
+                return False
+            getattr(self, "_" + command[0])(*command[1:])
+        self._admit_pending()
+        if idle and ran:
+            self._send_step([])  # e.g. aborts of waiting requests: the counters changed
+        return True
+
+    def _add(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        self.pending.append((request_id, token_ids, params))
+
+    def _admit_pending(self) -> None:
+        while self.pending:
+            request_id, token_ids, params = self.pending[0]
+            try:
+                self.engine.add_request(token_ids, params, request_id)
+            except QueueFullError:
+                return
+            except ValueError as exc:  # validated by the API process; kept as a safety net
+                self._send_step([_failed(request_id, str(exc))])
+            else:
+                self.active.add(request_id)
+            self.pending.popleft()
+
+    def _abort(self, request_id: str) -> None:
+        if request_id in self.active:
+            self.engine.abort(request_id)
+            self.active.discard(request_id)
+            return
+        for entry in self.pending:
+            if entry[0] == request_id:
+                self.pending.remove(entry)
+                return
+
+    def _call(self, call_id: int, name: str) -> None:
+        if name not in _CALLABLE:
+            self.events.send(("result", call_id, None, f"{name}: not an engine call"))
+            return
+        try:
+            value: Any = getattr(self.engine, name)()
+        except Exception as exc:
+            self.events.send(("result", call_id, None, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.events.send(("result", call_id, value, None))
+
+    def _abort_all(self) -> None:
+        for request_id in self.active:
+            self.engine.abort(request_id)
+        self.active.clear()
+        self.pending.clear()
+        while self.engine.has_unfinished_requests():
+            self.engine.step()  # retires the aborted requests (and a step in flight)
+        self._send_step([])
+
+    def _send_step(self, outputs: list[RequestOutput]) -> None:
+        progress: list[Progress] = []
+        finished: list[RequestOutput] = []
+        for out in outputs:
+            if out.finished:
+                finished.append(out)
+                self.active.discard(out.request_id)
+            else:
+                progress.append((out.request_id, out.new_token_ids, out.new_text, out.new_logprobs))
+        engine = self.engine
+        snapshot = EngineSnapshot(
+            num_running=engine.num_running,
+            num_waiting=engine.num_waiting + len(self.pending),
+            kv_usage=engine.utilization(),
+            preemptions=engine.scheduler.preemptions,
+            prompt_tokens=engine.num_prompt_tokens,
+            generation_tokens=engine.num_generated_tokens,
+        )
+        self.events.send(("step", progress, finished, snapshot))
+
+
+def progress_output(item: Progress) -> RequestOutput:
+    """A ``RequestOutput`` again, on the API side, from a compact progress tuple."""
+    request_id, new_token_ids, new_text, new_logprobs = item
+    return RequestOutput(
+        request_id=request_id,
+        prompt_token_ids=[],
+        new_token_ids=new_token_ids,
+        new_text=new_text,
+        token_ids=[],
+        text="",
+        finished=False,
+        new_logprobs=new_logprobs,
+    )
+
+
+def _failed(request_id: str, error: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=request_id,
+        prompt_token_ids=[],
+        new_token_ids=[],
+        new_text="",
+        token_ids=[],
+        text="",
+        finished=True,
+        finish_reason="error",
+        error=error,
+    )

@@ -1,0 +1,99 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
+
+Validation failures are 400s (FastAPI's default is 422, which OpenAI clients do not
+expect), and a ``ValueError`` whose message starts with ``field:`` names that field.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infer.server.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
+
+
+class APIError(Exception):
+    """An error the client sees with this status and body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+        self.headers = headers
+
+    @classmethod
+    def bad_request(cls, exc: Exception, default_param: str | None = None) -> APIError:
+        """A 400 from a ``ValueError`` (``"field: message"`` names the field)."""
+        message = str(exc)
+        match = _FIELD_PREFIX.match(message)
+        return cls(400, message, param=match.group(1) if match else default_param)
+
+    def json(self) -> str:
+        return ErrorResponse(error=self.info).model_dump_json()
+
+    def response(self) -> Response:
+        return Response(
+            self.json(), self.status, headers=self.headers, media_type="application/json"
+        )
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    """The first pydantic error as a 400 naming the field (``messages.0.content``)."""
+    error = exc.errors()[0]
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", error.get("msg", ""))
+        return APIError(400, f"malformed JSON body: {detail}")
+    if error.get("type") == "value_error":  # raised by a model validator: "field: message"
+        return APIError.bad_request(ValueError(str((error.get("ctx") or {}).get("error", ""))))
+    if not loc:
+        return APIError(400, f"request body: {error.get('msg')}")
+    param = ".".join(part for part in loc if not _is_union_tag(part)) or None
+    message = f"{param}: {error.get('msg')}" if param else str(error.get("msg"))
+    return APIError(400, message, param=param)
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names union members in error locations (``list[int]``, ``str``)."""
+    return not part.isdigit() and ("[" in part or part in {"str", "int", "float", "bool"})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return exc.response()
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return _validation_error(exc).response()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), kind).response()
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error in %s %s", request.method, request.url.path)
+        return APIError(500, f"internal server error: {exc}", "server_error").response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)

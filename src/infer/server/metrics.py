@@ -1,0 +1,101 @@
+"""Prometheus metrics of the server (``GET /metrics``).
+
+Engine gauges and counters are read from the snapshot the engine thread publishes after
+every step, so scraping never races the engine. Latency histograms are observed when a
+request ends, from the arrival times of its tokens at the event loop (what clients see).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from infer.server.async_engine import Job
+from infer.server.engine_process import EngineSnapshot
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class _EngineCollector(Collector):
+    def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield GaugeMetricFamily(
+            "infer_num_requests_running", "Sequences in the running batch.", s.num_running
+        )
+        yield GaugeMetricFamily(
+            "infer_num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting
+        )
+        yield GaugeMetricFamily(
+            "infer_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", s.kv_usage
+        )
+        yield CounterMetricFamily(
+            "infer_num_preemptions", "Sequences preempted for lack of cache.", s.preemptions
+        )
+        yield CounterMetricFamily(
+            "infer_prompt_tokens", "Prompt tokens computed (prefill).", s.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            "infer_generation_tokens", "Tokens generated.", s.generation_tokens
+        )
+
+
+class ServerMetrics:
+    """A registry per server, so several apps (tests) can live in one process."""
+
+    def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(snapshot))
+        self.ttft = Histogram(
+            "infer_time_to_first_token_seconds",
+            "Request arrival to its first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "infer_inter_token_latency_seconds",
+            "Time between consecutive tokens of a sequence.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "infer_e2e_request_latency_seconds",
+            "Request arrival to its last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "infer_request_finished",
+            "Finished sequences by finish reason (abort: cancelled, timed out or shut down).",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "infer_request_rejected",
+            "Requests refused before reaching the engine, by HTTP status.",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def observe(self, job: Job) -> None:
+        """Record the latencies of a job's sequences (called once, when it closes)."""
+        for times, reason in zip(job.token_times, job.finish_reasons):
+            if times:
+                self.ttft.observe(times[0] - job.submitted)
+                for previous, current in itertools.pairwise(times):
+                    self.itl.observe(current - previous)
+            if reason is not None and times:
+                self.e2e.observe(times[-1] - job.submitted)
+            self.finished.labels(reason or "abort").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,288 @@
+"""What both generation endpoints do: validate, expand ``n``, submit, then stream SSE
+chunks or collect one response. ``completions.py`` and ``chat.py`` supply the formats.
+
+Everything that can be wrong with a request is found here, before ``submit``: the model
+name, types and ranges, prompt encoding and length. Nothing invalid reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from infer.engine.request import RequestOutput
+from infer.engine.sampling_params import SamplingParams
+from infer.engine.scheduler import QueueFullError
+from infer.server.async_engine import AsyncEngine, EngineStoppedError, Job, RequestTimeoutError
+from infer.server.errors import APIError
+from infer.server.logprobs import LogprobFormatter
+from infer.server.metrics import ServerMetrics
+from infer.server.protocol import SamplingRequest, Usage
+
+RETRY_AFTER_S = 1
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Context:
+    """One request as the formatters see it."""
+
+    request_id: str
+    model: str
+    created: int
+    prompt_lengths: list[int]
+    n: int
+    num_logprobs: int | None
+    include_usage: bool
+    return_token_ids: bool
+    text_offsets: list[int] = field(default_factory=list)  # per choice, for logprobs
+    completion_tokens: int = 0
+
+    def token_ids(self, ids: list[int]) -> list[int] | None:
+        return ids if self.return_token_ids else None
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompt_lengths) * self.n
+
+    def usage(self) -> Usage:
+        prompt_tokens = sum(self.prompt_lengths)
+        return Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=prompt_tokens + self.completion_tokens,
+        )
+
+
+class OpenAIServing(ABC):
+    id_prefix: str  # of response ids: "cmpl", "chatcmpl"
+    prompt_field: str  # the request field the prompt comes from, for error messages
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        metrics: ServerMetrics,
+        logprobs: LogprobFormatter,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.metrics = metrics
+        self.logprobs = logprobs
+        self.max_seq_len = engine.info.max_seq_len
+        # Longer prompts fail at encoding (max_seq_len); this is the pool's capacity.
+        self.max_prompt_tokens = engine.info.kv_capacity_tokens
+
+    # --- endpoint formats ----------------------------------------------------------------
+    @abstractmethod
+    async def encode(self, request: SamplingRequest) -> list[list[int]]:
+        """Token ids of each prompt (``ValueError`` naming the field when invalid)."""
+
+    @abstractmethod
+    def sampling_params(self, request: SamplingRequest) -> SamplingParams: ...
+
+    def stream_start(self, ctx: Context) -> list[str]:
+        """JSON chunks sent before any token."""
+        return []
+
+    @abstractmethod
+    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
+        """JSON of the SSE chunk for one step's output of choice ``index`` (None: nothing).
+
+        Every new token gets a chunk, even when its text is held back (a stop string may be
+        forming) or there is no text at all (no tokenizer), so clients see each token."""
+
+    @abstractmethod
+    def usage_chunk(self, ctx: Context) -> str: ...
+
+    @abstractmethod
+    def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
+        """JSON of the whole response, from each choice's final output."""
+
+    # --- the shared flow -----------------------------------------------------------------
+    async def create(self, request: SamplingRequest, raw: Request) -> Response:
+        try:
+            job, ctx = await self._submit(request)
+        except APIError as exc:
+            self.metrics.rejected.labels(str(exc.status)).inc()
+            raise
+        if request.stream:
+            return _EventStream(self._stream(ctx, job), partial(self._release, job))
+        return await self._respond(ctx, job, raw)
+
+    def _release(self, job: Job) -> None:
+        """Abort what is left of the job and record its latencies (once)."""
+        if not job.closed:
+            job.close()
+            self.metrics.observe(job)
+
+    async def _submit(self, request: SamplingRequest) -> tuple[Job, Context]:
+        if request.model is not None and request.model != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{request.model}` does not exist (this server serves "
+                f"`{self.model_name}`)",
+                param="model",
+                code="model_not_found",
+            )
+        try:
+            params = self.sampling_params(request)
+            prompts = await self.encode(request)
+            self._check_lengths(prompts, params.max_tokens)
+        except ValueError as exc:
+            raise APIError.bad_request(exc) from exc
+        ctx = Context(
+            request_id=f"{self.id_prefix}-{uuid.uuid4().hex}",
+            model=self.model_name,
+            created=int(time.time()),
+            prompt_lengths=[len(p) for p in prompts],
+            n=params.n,
+            num_logprobs=params.logprobs,
+            include_usage=request.include_usage,
+            return_token_ids=request.return_token_ids,
+        )
+        ctx.text_offsets = [0] * ctx.num_choices
+        sequences = [(p, params.nth_sample(j)) for p in prompts for j in range(params.n)]
+        try:
+            job = self.engine.submit(ctx.request_id, sequences)
+        except QueueFullError as exc:
+            raise APIError(
+                503,
+                f"The server is overloaded ({exc}); retry later",
+                "server_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from exc
+        except EngineStoppedError as exc:
+            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+        except ValueError as exc:
+            raise APIError.bad_request(exc) from exc
+        return job, ctx
+
+    def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None) -> None:
+        for prompt in prompts:
+            if len(prompt) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"{self.prompt_field}: {len(prompt)} tokens exceed the KV cache "
+                    f"({self.max_prompt_tokens} tokens)"
+                )
+            if max_tokens is not None and len(prompt) + max_tokens > self.max_seq_len:
+                raise ValueError(
+                    f"max_tokens: the prompt ({len(prompt)} tokens) plus max_tokens "
+                    f"({max_tokens}) exceeds max_seq_len ({self.max_seq_len})"
+                )
+
+    async def _stream(self, ctx: Context, job: Job) -> AsyncIterator[str]:
+        try:
+            for opener in self.stream_start(ctx):
+                yield f"data: {opener}\n\n"
+            async for batch in job:
+                events = []
+                for index, out in _coalesce(batch):
+                    _raise_if_failed(out)
+                    ctx.completion_tokens += len(out.new_token_ids)
+                    chunk = self.chunk(ctx, index, out)
+                    if chunk is not None:
+                        events.append(f"data: {chunk}\n\n")
+                if events:
+                    yield "".join(events)
+            if ctx.include_usage:
+                yield f"data: {self.usage_chunk(ctx)}\n\n"
+        except (RequestTimeoutError, EngineStoppedError, _SequenceFailed) as exc:
+            yield f"data: {_as_api_error(exc).json()}\n\n"
+        finally:
+            self._release(job)
+        yield "data: [DONE]\n\n"
+
+    async def _respond(self, ctx: Context, job: Job, raw: Request) -> Response:
+        collect = asyncio.ensure_future(self._collect(ctx, job))
+        disconnect = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            if not collect.done():  # the client went away: abort (job.close) and drop it
+                return Response(status_code=499)
+            try:
+                body = collect.result()
+            except (RequestTimeoutError, EngineStoppedError, _SequenceFailed) as exc:
+                raise _as_api_error(exc) from exc
+            return Response(body, media_type="application/json")
+        finally:
+            collect.cancel()
+            disconnect.cancel()
+            self._release(job)
+
+    async def _collect(self, ctx: Context, job: Job) -> str:
+        finals: list[RequestOutput | None] = [None] * ctx.num_choices
+        async for batch in job:
+            for index, out in batch:
+                _raise_if_failed(out)
+                if out.finished:
+                    finals[index] = out
+                    ctx.completion_tokens += len(out.token_ids)
+        assert all(final is not None for final in finals)
+        return self.response(ctx, finals)  # type: ignore[arg-type]
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that runs ``on_close`` however it ends: when the client goes away
+    while the body generator waits at a ``yield``, the generator is not resumed and its
+    ``finally`` would only run when it is garbage collected."""
+
+    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class _SequenceFailed(RuntimeError):
+    """The engine finished a sequence with an error (e.g. it cannot fit in the cache)."""
+
+
+def _coalesce(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, RequestOutput]]:
+    """One output per choice: consecutive steps' deltas of a choice joined into one."""
+    merged: dict[int, RequestOutput] = {}
+    for index, out in batch:
+        previous = merged.get(index)
+        merged[index] = (
+            out
+            if previous is None
+            else replace(
+                out,
+                new_text=previous.new_text + out.new_text,
+                new_token_ids=previous.new_token_ids + out.new_token_ids,
+                new_logprobs=previous.new_logprobs + out.new_logprobs,
+            )
+        )
+    return list(merged.items())
+
+
+def _raise_if_failed(out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        raise _SequenceFailed(out.error or "generation failed")
+
+
+def _as_api_error(exc: Exception) -> APIError:
+    if isinstance(exc, RequestTimeoutError):
+        return APIError(504, str(exc), "server_error", code="timeout")
+    if isinstance(exc, EngineStoppedError):
+        return APIError(503, str(exc), "server_error", code="unavailable")
+    return APIError(500, str(exc), "server_error")
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass

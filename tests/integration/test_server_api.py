@@ -1,0 +1,369 @@
+"""The OpenAI-compatible server against the official ``openai`` client and httpx.
+
+One real uvicorn server on 127.0.0.1 (ephemeral port) serves SmolLM2 on the CPU for the
+whole module, configured like the session's offline ``LLM`` it is compared with.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from infer import SamplingParams
+from infer.server import build_server, serve_in_thread
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+SEEDED = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def offline(smollm2_llm: Any) -> dict[str, Any]:
+    """What ``LLM.generate``/``LLM.chat`` answer."""
+    return {
+        "completions": smollm2_llm.generate(PROMPTS, GREEDY, use_tqdm=False),
+        "chat": smollm2_llm.chat(
+            QUESTION, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False
+        )[0],
+        "seeded": smollm2_llm.generate(PROMPTS[2], SEEDED, use_tqdm=False)[0],
+    }
+
+
+@pytest.fixture(scope="module")
+def url(smollm2_llm: Any) -> Iterator[str]:
+    server = build_server(smollm2_llm.config, port=0, log_level="warning")
+    with serve_in_thread(server) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise KeyError(name)
+
+
+def wait_until_idle(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Cache stats once no sequence runs or waits (aborts land at the next engine step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats: dict[str, Any] = httpx.get(f"{url}/v1/cache/stats").json()
+        idle = metric(url, "infer_num_requests_running") == 0
+        if idle and metric(url, "infer_num_requests_waiting") == 0 and stats["used_blocks"] == 0:
+            return stats
+        assert time.monotonic() < deadline, f"still busy: {stats}"
+        time.sleep(0.05)
+
+
+# --- greedy answers equal the offline API's ---------------------------------------------
+def test_completions_match_offline(client: openai.OpenAI, offline: dict[str, Any]) -> None:
+    expected = offline["completions"]
+    response = client.completions.create(
+        model="smollm2-135m", prompt=PROMPTS, max_tokens=16, temperature=0
+    )
+    assert response.object == "text_completion" and response.id.startswith("cmpl-")
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert [c.text for c in response.choices] == [r.text for r in expected]
+    assert [c.finish_reason for c in response.choices] == [
+        r.outputs[0].finish_reason for r in expected
+    ]
+    assert response.usage is not None
+    assert response.usage.prompt_tokens == sum(len(r.prompt_token_ids) for r in expected)
+    assert response.usage.completion_tokens == sum(len(r.outputs[0].token_ids) for r in expected)
+    assert response.usage.total_tokens == response.usage.prompt_tokens + (
+        response.usage.completion_tokens
+    )
+
+    stream = client.completions.create(
+        model="smollm2-135m", prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == expected[0].text
+    assert chunks[-1].choices[0].finish_reason == expected[0].outputs[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_matches_offline(client: openai.OpenAI, offline: dict[str, Any]) -> None:
+    expected = offline["chat"]
+    assert "Paris" in expected.text
+    response = client.chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=24, temperature=0
+    )
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    message = response.choices[0].message
+    assert message.role == "assistant" and message.content == expected.text
+    assert response.choices[0].finish_reason == expected.outputs[0].finish_reason
+    assert response.usage is not None
+    assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert response.usage.completion_tokens == len(expected.outputs[0].token_ids)
+
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=QUESTION,
+        max_completion_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.text
+    *body, last = chunks
+    assert all(c.usage is None for c in body)
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == len(expected.outputs[0].token_ids)
+    assert body[-1].choices[0].finish_reason == expected.outputs[0].finish_reason
+
+
+def test_n_seeded_choices_match_offline(client: openai.OpenAI, offline: dict[str, Any]) -> None:
+    """``n`` choices with a ``seed``: the offline API's samples, streamed or not."""
+    expected = [c.text for c in offline["seeded"].outputs]
+    assert len(set(expected)) > 1  # really sampled
+    kwargs: dict[str, Any] = dict(
+        model="smollm2-135m", prompt=PROMPTS[2], n=3, temperature=1.0, seed=7, max_tokens=8
+    )
+    response = client.completions.create(**kwargs)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert [c.text for c in response.choices] == expected
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**kwargs, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == expected
+
+
+def test_stop_strings_and_token_limits(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=24,
+        stop=[" Paris"],
+    )
+    assert response.choices[0].finish_reason == "stop"
+    assert response.choices[0].message.content == "The capital of France is"
+    limited = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=QUESTION,
+        temperature=0,
+        max_completion_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
+    assert limited.choices[0].finish_reason == "length"
+    assert limited.usage is not None and limited.usage.completion_tokens == 3
+
+
+def test_completion_logprobs(client: openai.OpenAI) -> None:
+    response = client.completions.create(
+        model="smollm2-135m", prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3
+    )
+    choice = response.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.top_logprobs
+    assert logprobs.token_logprobs and logprobs.text_offset is not None
+    assert "".join(logprobs.tokens) == choice.text
+    assert response.usage is not None and len(logprobs.tokens) == response.usage.completion_tokens
+    offset = 0
+    for token, logprob, top, start in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, logprobs.text_offset
+    ):
+        assert start == offset
+        offset += len(token)
+        assert 3 <= len(top) <= 4 and top[token] == logprob
+        assert logprob == pytest.approx(max(top.values()))  # greedy takes the most likely
+        assert logprob <= 0.0
+
+
+def test_chat_logprobs_streamed(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2-135m",
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=6,  # "The capital of France is Paris", before the end token
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+    )
+    entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(entries) == 6
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "".join(e.token for e in entries) == text
+    for entry in entries:
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the top alternative
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+
+
+# --- bad input ------------------------------------------------------------------------------
+BAD_INPUTS = [
+    ("completions", b'{"prompt": "hi", ', 400, None),
+    ("completions", b"[1, 2]", 400, None),
+    ("completions", {"max_tokens": 4}, 400, "prompt"),
+    ("completions", {"prompt": 42}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "max_tokens": "4"}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "top_k": -2}, 400, "top_k"),
+    ("completions", {"prompt": "hi", "min_p": 2}, 400, "min_p"),
+    ("completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty"),
+    ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {"prompt": "hi", "seed": -1}, 400, "seed"),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_tokens": 4096}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
+    ("completions", {"prompt": []}, 400, "prompt"),
+    ("completions", {"prompt": [[1, 2], []]}, 400, "prompt"),
+    ("completions", {"prompt": [10**9]}, 400, "prompt"),
+    ("completions", {"prompt": "word " * 2100}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages.0.role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400,
+     "messages.0.content"),
+    ("chat/completions", {"messages": QUESTION, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"messages": QUESTION, "max_completion_tokens": -5}, 400,
+     "max_completion_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "word " * 2100}]}, 400,
+     "messages"),
+    ("chat/completions", {"messages": QUESTION, "model": "nope"}, 404, "model"),
+]  # fmt: skip
+
+
+def _post(url: str, endpoint: str, body: Any) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(
+            f"{url}/v1/{endpoint}", content=body, headers={"Content-Type": "application/json"}
+        )
+    return httpx.post(f"{url}/v1/{endpoint}", json=body)
+
+
+def test_bad_inputs_get_openai_errors_and_never_reach_the_engine(url: str) -> None:
+    before = httpx.get(f"{url}/v1/cache/stats").json()
+    tokens_before = metric(url, "infer_prompt_tokens_total")
+    for endpoint, body, status, param in BAD_INPUTS:
+        response = _post(url, endpoint, body)
+        assert response.status_code == status, (body, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["param"] == param, (body, error)
+        assert error["message"] and error["type"]
+        if param is not None:
+            assert param.split(".")[0] in error["message"]
+    assert metric(url, "infer_prompt_tokens_total") == tokens_before
+    after = httpx.get(f"{url}/v1/cache/stats").json()
+    assert after["total_allocations"] == before["total_allocations"]
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_bad_inputs_do_not_disturb_a_running_stream(
+    url: str, client: openai.OpenAI, offline: dict[str, Any]
+) -> None:
+    texts: list[str] = []
+
+    def stream() -> None:
+        chunks = client.completions.create(
+            model="smollm2-135m", prompt=PROMPTS[1], max_tokens=16, temperature=0, stream=True
+        )
+        texts.append("".join(c.choices[0].text for c in chunks))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    while thread.is_alive():
+        for endpoint, body, status, _ in BAD_INPUTS[::4]:
+            assert _post(url, endpoint, body).status_code == status
+    thread.join()
+    assert texts == [offline["completions"][1].text]
+
+
+def test_unknown_routes_and_methods(url: str) -> None:
+    missing = httpx.get(f"{url}/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert httpx.get(f"{url}/v1/completions").status_code == 405
+
+
+# --- the other endpoints --------------------------------------------------------------------
+def test_models_health_and_cache_stats(url: str, client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["smollm2-135m"]
+    assert models.data[0].object == "model"
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    stats = wait_until_idle(url)
+    for key in ("num_blocks", "utilization", "internal_fragmentation", "allocs_per_s",
+                "prefix_hit_rate", "evictions", "preemptions"):  # fmt: skip
+        assert key in stats
+    assert stats["num_blocks"] == 512 and stats["leaked_blocks"] == 0
+
+
+def test_metrics_count_requests_and_tokens(url: str, client: openai.OpenAI) -> None:
+    finished = metric(url, "infer_request_finished_total")
+    generated = metric(url, "infer_generation_tokens_total")
+    ttft = metric(url, "infer_time_to_first_token_seconds_count")
+    client.completions.create(
+        model="smollm2-135m", prompt=PROMPTS, max_tokens=5, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert metric(url, "infer_request_finished_total") == finished + 3
+    assert metric(url, "infer_generation_tokens_total") == generated + 15
+    assert metric(url, "infer_time_to_first_token_seconds_count") == ttft + 3
+    assert metric(url, "infer_inter_token_latency_seconds_count") >= 12
+    assert metric(url, "infer_e2e_request_latency_seconds_count") >= 3
+    for name in ("infer_num_requests_running", "infer_num_requests_waiting",
+                 "infer_kv_cache_usage_ratio", "infer_num_preemptions_total"):  # fmt: skip
+        assert metric(url, name) >= 0
+
+
+# --- cancellation ---------------------------------------------------------------------------
+LONG = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}
+
+
+def test_disconnected_stream_is_aborted_and_its_blocks_freed(url: str) -> None:
+    generated = metric(url, "infer_generation_tokens_total")
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as response,
+    ):
+        lines = response.iter_lines()
+        for _ in range(3):
+            assert next(line for line in lines if line.startswith("data: "))
+    stats = wait_until_idle(url)
+    assert stats["leaked_blocks"] == 0
+    assert metric(url, "infer_generation_tokens_total") - generated < 1000  # aborted early
+
+
+def test_disconnected_non_streaming_request_is_aborted(url: str) -> None:
+    generated = metric(url, "infer_generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=LONG, timeout=1.5)
+    stats = wait_until_idle(url)
+    assert stats["leaked_blocks"] == 0
+    assert metric(url, "infer_generation_tokens_total") - generated < 1000
+    assert httpx.get(f"{url}/health").status_code == 200

@@ -1,0 +1,159 @@
+"""``python -m infer.server`` as a real process: flags, API key, request timeout, and a
+graceful SIGTERM (the last test of the module: it ends the shared server)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from infer.cli import build_parser
+from infer.server.launch import ServerProcess, spawn_server
+
+KEY = "sk-test-key"
+REQUEST_TIMEOUT_S = 15.0  # longer than the SIGTERM test's requests take on a busy CPU
+SHUTDOWN_TIMEOUT_S = 5.0
+# Outlives REQUEST_TIMEOUT_S even on a fast CPU; two of them fit in the pool together.
+LONG = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
+
+
+def auth(key: str = KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    args = [
+        "--model", "smollm2-135m", "--device", "cpu", "--num-gpu-blocks", "512",
+        "--max-seq-len", "4096", "--max-batch-size", "4", "--api-key", KEY,
+        "--served-model-name", "smol", "--request-timeout", str(REQUEST_TIMEOUT_S),
+        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+    ]  # fmt: skip
+    with spawn_server(args) as process:
+        yield process
+
+
+def test_serve_has_every_engine_flag() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    for flag in ("--batching-mode", "--kv-cache-backend", "--block-size", "--num-gpu-blocks",
+                 "--max-batch-size", "--max-seq-len", "--chunked-prefill",
+                 "--prefill-chunk-size", "--max-prefill-chunks-per-step", "--prefix-caching",
+                 "--cuda-graphs", "--gpu-memory-utilization", "--dtype", "--device",
+                 "--load-format", "--max-waiting-requests", "--host", "--port", "--api-key",
+                 "--served-model-name", "--request-timeout", "--shutdown-timeout"):  # fmt: skip
+        assert flag in out.getvalue()
+
+
+def test_api_key_is_required_on_v1_routes(server: ServerProcess) -> None:
+    for bad in ({}, auth("wrong"), {"Authorization": KEY}):
+        for response in (
+            httpx.get(f"{server.url}/v1/models", headers=bad),
+            httpx.post(f"{server.url}/v1/completions", headers=bad, content=b"{oops"),
+        ):
+            assert response.status_code == 401
+            error = response.json()["error"]
+            assert error["code"] == "invalid_api_key" and error["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong").models.list()
+
+
+def test_served_model_name(server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["smol"]
+    chat = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=16,
+    )
+    assert "Paris" in (chat.choices[0].message.content or "")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
+
+
+def test_request_timeout_aborts(server: ServerProcess) -> None:
+    """A non-streamed request gets a 504; a stream gets its tokens, then an error event."""
+    events: list[str] = []
+    stream = threading.Thread(target=_stream, args=(server, LONG, events))
+    start = time.monotonic()
+    stream.start()
+    response = httpx.post(f"{server.url}/v1/completions", json=LONG, headers=auth(), timeout=60)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "timeout"
+    assert REQUEST_TIMEOUT_S <= time.monotonic() - start < REQUEST_TIMEOUT_S + 10
+    stream.join(timeout=60)
+    assert events[-1] == "data: [DONE]"
+    assert '"code":"timeout"' in events[-2]
+    assert len(events) > 3  # tokens streamed before the timeout
+
+    deadline = time.monotonic() + 10
+    while (stats := httpx.get(f"{server.url}/v1/cache/stats", headers=auth()).json())[
+        "used_blocks"
+    ]:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+    assert stats["leaked_blocks"] == 0
+
+
+def _stream(server: ServerProcess, body: dict[str, object], events: list[str]) -> None:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/completions",
+        json={**body, "stream": True},
+        headers=auth(),
+        timeout=60,
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+
+
+def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits(
+    server: ServerProcess,
+) -> None:
+    long_events: list[str] = []
+    short_events: list[str] = []
+    long = threading.Thread(target=_stream, args=(server, LONG, long_events))
+    long.start()
+    while not long_events:
+        time.sleep(0.02)
+    short = threading.Thread(
+        target=_stream,
+        args=(server, {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}, short_events),
+    )
+    short.start()
+    while not short_events:
+        time.sleep(0.02)
+
+    server.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while long.is_alive():  # soon, while the long request still runs: no new connections
+        try:
+            httpx.get(f"{server.url}/health", timeout=1)
+        except httpx.ConnectError:
+            break
+        assert time.monotonic() < deadline, "the server still accepts connections"
+        time.sleep(0.05)
+    assert long.is_alive()
+    short.join(timeout=30)
+    assert short_events[-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in short_events[-2]  # finished normally
+
+    long.join(timeout=30)
+    assert long_events[-1] == "data: [DONE]"
+    assert "shutting down" in long_events[-2]  # aborted after the grace period
+    assert len(long_events) < LONG["max_tokens"]  # type: ignore[operator]
+    assert server.wait(timeout=30) in (0, -signal.SIGTERM)
+    log = "".join(server.log)
+    assert "aborting 1 in-flight sequences" in log and "Application shutdown complete" in log
