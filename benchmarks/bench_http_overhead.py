@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, help="cap each request's output")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured warm-up requests")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=4,
+        help="HTTP client processes (one Python process parses too few SSE events a second "
+        "to keep up with a fast server; default: 4)",
+    )
     parser.add_argument("--output", type=Path, help="result JSON (a PNG is written beside it)")
     return parser
 
@@ -61,9 +68,13 @@ def _workloads(args: argparse.Namespace, vocab_size: int) -> tuple[Workload, Wor
     return workload, warmup.capped(WARMUP_MAX_TOKENS)
 
 
-def run_http(engine_argv: list[str], workload: Workload, warmup: Workload) -> RunResult:
+def run_http(
+    engine_argv: list[str], workload: Workload, warmup: Workload, client_processes: int
+) -> RunResult:
     with spawn_server(engine_argv) as server:
-        _, result = asyncio.run(run_serving(server.url, workload, warmup=warmup))
+        _, result = asyncio.run(
+            run_serving(server.url, workload, warmup=warmup, processes=client_processes)
+        )
     return result
 
 
@@ -96,7 +107,9 @@ def main() -> None:
     vocab_size = ModelConfig.from_hf_dict(resolve_model(config.model).hf_config).vocab_size
     workload, warmup = _workloads(args, vocab_size)
 
-    http = summarize(run_http(engine_argv, workload, warmup))  # the server process exits first
+    http = summarize(
+        run_http(engine_argv, workload, warmup, args.client_processes)
+    )  # the server process exits first
     offline = summarize(run_infer(Engine(config), workload, warmup))
     for side, summary in (("HTTP", http), ("offline", offline)):
         if summary["num_failed"]:

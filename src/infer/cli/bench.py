@@ -55,6 +55,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="stream workloads to a running server over HTTP")
     serve.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     serve.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread concurrent requests over this many client processes (a single Python "
+        "client tops out at a few tens of thousands of streamed tokens a second)",
+    )
+    serve.add_argument(
         "--model", default=None, help="model name to request (default: the first of /v1/models)"
     )
     serve.add_argument(
@@ -294,7 +301,15 @@ def run_serve(args: argparse.Namespace) -> int:
     failed = False
     for workload, warmup in pairs:
         model, result = asyncio.run(
-            run_serving(args.url, workload, model, warmup, args.progress, args.timeout)
+            run_serving(
+                args.url,
+                workload,
+                model,
+                warmup,
+                args.progress,
+                args.timeout,
+                args.client_processes,
+            )
         )
         paths, plots = output_paths(args.output, model, names, ["server"], date)
         json_paths.update(paths)

@@ -94,3 +94,14 @@ def test_http_errors_are_recorded_per_request(fake_server: FakeServer) -> None:
 def test_unreachable_server_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"url: .* did not answer"):
         asyncio.run(run_serving("http://127.0.0.1:9", _workload(), progress=False))
+
+
+def test_client_processes_share_the_workload_and_its_schedule(fake_server) -> None:  # type: ignore[no-untyped-def]
+    workload = _workload()
+    _, one = asyncio.run(run_serving(fake_server.url, workload, progress=False))
+    _, three = asyncio.run(run_serving(fake_server.url, workload, progress=False, processes=3))
+    assert len(three.requests) == len(one.requests) == len(workload.requests)
+    for single, spread, spec in zip(one.requests, three.requests, workload.requests):
+        assert spread.ok and spread.prompt_tokens == single.prompt_tokens
+        assert spread.output_tokens == single.output_tokens == spec.max_tokens
+        assert spread.arrival_s >= spec.arrival_s
