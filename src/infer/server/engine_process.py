@@ -21,7 +21,9 @@ stop, and the engine exits when told to or when the API process's end of the pip
 from __future__ import annotations
 
 import logging
+import queue
 import signal
+import threading
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -85,17 +87,45 @@ def run_engine(config: EngineConfig, commands: Connection, events: Connection) -
             eos_token_ids=tuple(engine.model_config.eos_token_ids),
         ),
     ))  # fmt: skip
+    outbox = _Outbox(events)
     try:
-        _EngineLoop(engine, commands, events).run()
+        _EngineLoop(engine, commands, outbox).run()
     except (EOFError, BrokenPipeError):  # the API process went away
         pass
     except Exception as exc:
         logger.exception("the engine loop failed")
-        events.send(("failed", f"{type(exc).__name__}: {exc}"))
+        outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        outbox.close()
+
+
+class _Outbox:
+    """Sends events from a thread of its own, so the engine never waits for the API process
+    to read them (a full pipe would otherwise stall the step loop while HTTP catches up)."""
+
+    def __init__(self, events: Connection) -> None:
+        self._events = events
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="infer-events", daemon=True)
+        self._thread.start()
+
+    def send(self, event: tuple[Any, ...]) -> None:
+        self._queue.put(event)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (event := self._queue.get()) is not None:
+            try:
+                self._events.send(event)
+            except (BrokenPipeError, OSError):  # the API process went away
+                return
 
 
 class _EngineLoop:
-    def __init__(self, engine: Engine, commands: Connection, events: Connection) -> None:
+    def __init__(self, engine: Engine, commands: Connection, events: _Outbox) -> None:
         self.engine = engine
         self.commands = commands
         self.events = events
