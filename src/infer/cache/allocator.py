@@ -142,6 +142,11 @@ class BlockAllocator:
         """Allocated blocks not reachable from ``referenced`` (e.g. the page tables)."""
         return sorted(self.allocated_block_ids() - referenced)
 
+    def reclaim(self, leaked: list[int]) -> int:
+        """Force-free blocks an audit found unreachable; returns how many."""
+        self.force_free(leaked)
+        return len(leaked)
+
     def force_free(self, block_ids: Iterable[int]) -> None:
         """Return blocks to the free queue whatever their count (leak reclamation)."""
         for block in block_ids:

@@ -180,9 +180,7 @@ class PagedKVCachePool:
         return self.allocator.find_unreferenced_blocks(referenced)
 
     def reclaim_leaked_blocks(self) -> int:
-        leaked = self.audit_blocks()
-        self.allocator.force_free(leaked)
-        return len(leaked)
+        return self.allocator.reclaim(self.audit_blocks())
 
     def stats(self) -> CacheStats:
         filled: dict[int, int] = {}

@@ -146,9 +146,7 @@ class WindowedPool:
         return self.allocator.find_unreferenced_blocks(referenced)
 
     def reclaim_leaked_blocks(self) -> int:
-        leaked = self.audit_blocks()
-        self.allocator.force_free(leaked)
-        return len(leaked)
+        return self.allocator.reclaim(self.audit_blocks())
 
     def stats(self) -> CacheStats:
         used = self.allocator.num_allocated()
