@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -228,14 +228,13 @@ class EngineConfig:
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.validate()
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "extra"]
+        return [f.name for f in fields(cls)]
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the flag for any invalid value or combination."""

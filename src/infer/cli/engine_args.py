@@ -45,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
     hints = typing.get_type_hints(EngineConfig)
     group = parser.add_argument_group("engine options")
     for field in dataclasses.fields(EngineConfig):
-        if field.name == "extra" or field.name in exclude:
+        if field.name in exclude:
             continue
         base = _base_type(hints[field.name])
         default = field.default
