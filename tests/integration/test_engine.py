@@ -188,3 +188,45 @@ def test_a_stop_token_ends_the_output_exactly_there(llama: str, async_scheduling
     completion = llm.generate([[3, 4, 5]], params, use_tqdm=False)[0].outputs[0]
     assert completion.token_ids == reference[:cut] and completion.finish_reason == "stop"
     assert llm.engine.pool.used_blocks() == 0 and llm.engine.pool.audit_blocks() == []
+
+
+def test_chunk_boundaries_give_the_same_tokens_as_whole_prefills(llama: str) -> None:
+    """Seed 001 exits 9-11: a 1-token prompt, a prompt of exactly one chunk, one token
+    more, two chunks, and a chunk larger than the prompt."""
+    prompts = [[7], list(range(3, 19)), list(range(3, 20)), list(range(3, 35))]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    def greedy(**options: object) -> list[list[int]]:
+        llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256, **options)
+        return [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
+
+    whole = greedy(use_chunked_prefill=False)
+    assert greedy(prefill_chunk_size=16) == whole
+    assert greedy(prefill_chunk_size=64) == whole
+
+
+def test_chunked_and_whole_prefill_give_the_same_first_token_logprobs(llama: str) -> None:
+    """Seed 001 exit 4, adapted: the last prompt position's log-probabilities agree (to
+    float32 rounding: different batch shapes may reorder sums, so not bit for bit)."""
+    prompt = list(range(3, 45))
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+
+    def first_logprobs(**options: object) -> dict[int, float]:
+        llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256, **options)
+        return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].logprobs[0].top
+
+    whole = first_logprobs(use_chunked_prefill=False)
+    chunked = first_logprobs(prefill_chunk_size=8)
+    assert list(chunked) == list(whole)
+    assert list(chunked.values()) == pytest.approx(list(whole.values()), abs=1e-5)
+
+
+def test_the_cache_holds_exactly_the_prefilled_tokens_after_every_chunk(llama: str) -> None:
+    """Seed 001 exit 12: the pool's length equals the request's prefill progress."""
+    engine = _engine(llama, prefill_chunk_size=8)
+    engine.add_request(list(range(3, 30)), GREEDY, request_id="r")
+    for expected in (8, 16, 24, 27):
+        engine.step()
+        (request,) = engine.scheduler.running
+        assert request.slot is not None
+        assert engine.pool.get_seq_len(request.slot) == request.prefill_progress == expected

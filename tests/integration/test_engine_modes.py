@@ -113,7 +113,9 @@ def smollm2_reference() -> list[list[int]]:
     return outputs
 
 
-@pytest.mark.parametrize("mode", ["contiguous", "chunk-7", "static", "tiny-pool"])
+@pytest.mark.parametrize(
+    "mode", ["contiguous", "paged", "chunk-1", "chunk-7", "chunk-16", "static", "tiny-pool"]
+)
 def test_smollm2_modes_agree(mode: str, smollm2_reference: list[list[int]]) -> None:
     outputs, llm = _generate("smollm2-135m", _prompts(49152), MODES[mode])
     assert outputs == smollm2_reference
