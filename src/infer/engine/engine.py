@@ -264,8 +264,8 @@ class Engine:
         for chunk in inflight.scheduled.chunks:
             request = chunk.request
             if request.slot is not None:
-                known = request.num_tokens - request.pending_tokens
-                self.pool.index_blocks(request.slot, request.token_ids[:known])
+                # Pending tokens sit at or past the computed length, which is all it reads.
+                self.pool.index_blocks(request.slot, request.token_ids)
         return outputs
 
     def _output(
