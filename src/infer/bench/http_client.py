@@ -188,6 +188,10 @@ async def _send_all(
         return list(await asyncio.gather(*(send(s) for s in specs)))
 
 
+def _worker_ready() -> None:
+    """A client process's initializer: unpickling it imported this module."""
+
+
 def _send_part(
     url: str, model: str, specs: list[RequestSpec], start: float, timeout_s: float
 ) -> list[RequestMetrics]:
@@ -200,8 +204,9 @@ async def _send_in_processes(
     parts = [workload.requests[i::processes] for i in range(processes)]
     loop = asyncio.get_running_loop()
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
-        # Start every worker (and its imports) before the clock starts.
+    # Every worker starts, and imports this module (its initializer), before the clock
+    # starts: a worker still importing would send its share of a burst late.
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_worker_ready) as pool:
         await asyncio.gather(
             *(loop.run_in_executor(pool, time.sleep, 0.2) for _ in range(processes))
         )

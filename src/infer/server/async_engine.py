@@ -29,14 +29,13 @@ from typing import Any, TypeVar
 
 from infer.config import EngineConfig
 from infer.engine.prompts import PromptEncoder
-from infer.engine.request import RequestOutput
+from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.server.engine_process import (
     EngineInfo,
     EngineSnapshot,
     Progress,
-    progress_output,
     run_engine,
 )
 from infer.tokenizer import Message, Tokenizer
@@ -56,14 +55,41 @@ class RequestTimeoutError(RuntimeError):
     """The request ran longer than the server's ``--request-timeout``."""
 
 
+@dataclass(slots=True)
+class ChoiceUpdate:
+    """What one sequence produced since its consumer last looked: the new tokens, text pieces
+    and logprobs of every step in between, and its final output once it finished.
+
+    Steps are joined by appending, so a consumer that falls behind pays per token only for
+    list appends, and formats one chunk for all of them."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text_pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    final: RequestOutput | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_pieces)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.final is None else self.final.finish_reason
+
+    def add(self, token_ids: list[int], text: str, logprobs: list[TokenLogprob]) -> None:
+        self.token_ids += token_ids
+        self.text_pieces.append(text)
+        self.logprobs += logprobs
+
+
 @dataclass(eq=False)
 class Job:
     """The engine sequences of one HTTP request (``n`` per prompt) and their outputs.
 
-    Iterating it yields lists of ``(index, RequestOutput)``: everything that arrived since
-    the previous iteration, so a consumer that falls behind catches up in one go (a busy
-    server writes fewer, larger chunks). ``close()`` it in all cases: it aborts what is
-    still running and frees the capacity.
+    Iterating it yields lists of ``(index, ChoiceUpdate)``: one per sequence that made
+    progress since the previous iteration, so a consumer that falls behind catches up in
+    one go (a busy server writes fewer, larger chunks). ``close()`` it in all cases: it
+    aborts what is still running and frees the capacity.
     """
 
     owner: AsyncEngine
@@ -78,14 +104,14 @@ class Job:
         self.token_times = [[] for _ in self.request_ids]
         self.finish_reasons = [None] * len(self.request_ids)
         self._unfinished = set(range(len(self.request_ids)))
-        self._ready: list[tuple[int, RequestOutput]] = []
+        self._ready: dict[int, ChoiceUpdate] = {}
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     def __aiter__(self) -> Job:
         return self
 
-    async def __anext__(self) -> list[tuple[int, RequestOutput]]:
+    async def __anext__(self) -> list[tuple[int, ChoiceUpdate]]:
         if not self._unfinished:
             raise StopAsyncIteration
         if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
@@ -98,11 +124,11 @@ class Job:
                 self._waiter = None
         if self._error is not None:
             raise self._error
-        batch, self._ready = self._ready, []
-        for index, out in batch:
-            if out.finished:
+        ready, self._ready = self._ready, {}
+        for index, update in ready.items():
+            if update.final is not None:
                 self._unfinished.discard(index)
-        return batch
+        return list(ready.items())
 
     async def _wait(self, waiter: asyncio.Future[None]) -> None:
         if self.deadline is None:
@@ -119,13 +145,25 @@ class Job:
             f"the request exceeded the server's timeout ({self.owner.request_timeout} s)"
         )
 
-    def put(self, index: int, out: RequestOutput, now: float) -> None:
-        if out.new_token_ids:
+    def put(self, index: int, progress: Progress, now: float) -> None:
+        """A step's new tokens of sequence ``index``."""
+        _, token_ids, text, logprobs = progress
+        if token_ids:
             self.token_times[index].append(now)
-        if out.finished:
-            self.finish_reasons[index] = out.finish_reason
-        self._ready.append((index, out))
-        self._wake()
+        self._update(index).add(token_ids, text, logprobs)
+
+    def finish(self, index: int, out: RequestOutput, now: float) -> None:
+        """Sequence ``index`` finished (with its last step's tokens)."""
+        self.put(index, (out.request_id, out.new_token_ids, out.new_text, out.new_logprobs), now)
+        self._ready[index].final = out
+        self.finish_reasons[index] = out.finish_reason
+
+    def _update(self, index: int) -> ChoiceUpdate:
+        update = self._ready.get(index)
+        if update is None:
+            update = self._ready[index] = ChoiceUpdate()
+            self._wake()
+        return update
 
     def fail(self, exc: BaseException) -> None:
         self._error = exc
@@ -324,14 +362,15 @@ class AsyncEngine:
     ) -> None:
         self.snapshot = snapshot
         now = time.perf_counter()
+        jobs = self._jobs
         for item in progress:
-            entry = self._jobs.get(item[0])
+            entry = jobs.get(item[0])
             if entry is not None:  # None: the job was closed while the step ran
-                entry[0].put(entry[1], progress_output(item), now)
+                entry[0].put(entry[1], item, now)
         for out in finished:
-            entry = self._jobs.get(out.request_id)
+            entry = jobs.get(out.request_id)
             if entry is not None:
-                entry[0].put(entry[1], out, now)
+                entry[0].finish(entry[1], out, now)
 
     def _resolve_call(self, call_id: int, value: Any, error: str | None) -> None:
         future = self._calls.get(call_id)

@@ -6,6 +6,7 @@ from jinja2 import TemplateError
 
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.server.async_engine import ChoiceUpdate
 from infer.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -44,15 +45,15 @@ class ChatServing(OpenAIServing):
             self._chunk(ctx, ChatChunkChoice(index=i, delta=opener)) for i in range(ctx.num_choices)
         ]
 
-    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
-        if not (out.new_token_ids or out.finished):
+    def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
+        if not (update.token_ids or update.final):
             return None
         choice = ChatChunkChoice(
             index=index,
-            delta=ChatDelta(content=out.new_text),
-            logprobs=self._logprobs(ctx, out.new_logprobs),
-            finish_reason=out.finish_reason,
-            token_ids=ctx.token_ids(out.new_token_ids),
+            delta=ChatDelta(content=update.text),
+            logprobs=self._logprobs(ctx, update.logprobs),
+            finish_reason=update.finish_reason,
+            token_ids=ctx.token_ids(update.token_ids),
         )
         return self._chunk(ctx, choice)
 

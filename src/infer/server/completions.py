@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.server.async_engine import ChoiceUpdate
 from infer.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,16 +27,16 @@ class CompletionServing(OpenAIServing):
         assert isinstance(request, CompletionRequest)
         return request.sampling_params(request.max_tokens, request.logprobs)
 
-    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
-        if not (out.new_token_ids or out.finished):
+    def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
+        if not (update.token_ids or update.final):
             return None
-        logprobs = self._logprobs(ctx, index, out.new_logprobs)
+        logprobs = self._logprobs(ctx, index, update.logprobs)
         choice = CompletionChoice(
             index=index,
-            text=out.new_text,
+            text=update.text,
             logprobs=logprobs,
-            finish_reason=out.finish_reason,
-            token_ids=ctx.token_ids(out.new_token_ids),
+            finish_reason=update.finish_reason,
+            token_ids=ctx.token_ids(update.token_ids),
         )
         return self._body(ctx, [choice]).model_dump_json()
 

@@ -222,21 +222,6 @@ class _EngineLoop:
         self.events.send(("step", progress, finished, snapshot))
 
 
-def progress_output(item: Progress) -> RequestOutput:
-    """A ``RequestOutput`` again, on the API side, from a compact progress tuple."""
-    request_id, new_token_ids, new_text, new_logprobs = item
-    return RequestOutput(
-        request_id=request_id,
-        prompt_token_ids=[],
-        new_token_ids=new_token_ids,
-        new_text=new_text,
-        token_ids=[],
-        text="",
-        finished=False,
-        new_logprobs=new_logprobs,
-    )
-
-
 def _failed(request_id: str, error: str) -> RequestOutput:
     return RequestOutput(
         request_id=request_id,

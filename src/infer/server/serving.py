@@ -12,7 +12,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 from fastapi import Request
@@ -22,7 +22,13 @@ from starlette.types import Receive, Scope, Send
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
-from infer.server.async_engine import AsyncEngine, EngineStoppedError, Job, RequestTimeoutError
+from infer.server.async_engine import (
+    AsyncEngine,
+    ChoiceUpdate,
+    EngineStoppedError,
+    Job,
+    RequestTimeoutError,
+)
 from infer.server.errors import APIError
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -95,8 +101,8 @@ class OpenAIServing(ABC):
         return []
 
     @abstractmethod
-    def chunk(self, ctx: Context, index: int, out: RequestOutput) -> str | None:
-        """JSON of the SSE chunk for one step's output of choice ``index`` (None: nothing).
+    def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
+        """JSON of the SSE chunk for what choice ``index`` produced since the last one.
 
         Every new token gets a chunk, even when its text is held back (a stop string may be
         forming) or there is no text at all (no tokenizer), so clients see each token."""
@@ -187,10 +193,10 @@ class OpenAIServing(ABC):
                 yield f"data: {opener}\n\n"
             async for batch in job:
                 events = []
-                for index, out in _coalesce(batch):
-                    _raise_if_failed(out)
-                    ctx.completion_tokens += len(out.new_token_ids)
-                    chunk = self.chunk(ctx, index, out)
+                for index, update in batch:
+                    _raise_if_failed(update.final)
+                    ctx.completion_tokens += len(update.token_ids)
+                    chunk = self.chunk(ctx, index, update)
                     if chunk is not None:
                         events.append(f"data: {chunk}\n\n")
                 if events:
@@ -223,11 +229,12 @@ class OpenAIServing(ABC):
     async def _collect(self, ctx: Context, job: Job) -> str:
         finals: list[RequestOutput | None] = [None] * ctx.num_choices
         async for batch in job:
-            for index, out in batch:
-                _raise_if_failed(out)
-                if out.finished:
-                    finals[index] = out
-                    ctx.completion_tokens += len(out.token_ids)
+            for index, update in batch:
+                final = update.final
+                _raise_if_failed(final)
+                if final is not None:
+                    finals[index] = final
+                    ctx.completion_tokens += len(final.token_ids)
         assert all(final is not None for final in finals)
         return self.response(ctx, finals)  # type: ignore[arg-type]
 
@@ -252,26 +259,8 @@ class _SequenceFailed(RuntimeError):
     """The engine finished a sequence with an error (e.g. it cannot fit in the cache)."""
 
 
-def _coalesce(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, RequestOutput]]:
-    """One output per choice: consecutive steps' deltas of a choice joined into one."""
-    merged: dict[int, RequestOutput] = {}
-    for index, out in batch:
-        previous = merged.get(index)
-        merged[index] = (
-            out
-            if previous is None
-            else replace(
-                out,
-                new_text=previous.new_text + out.new_text,
-                new_token_ids=previous.new_token_ids + out.new_token_ids,
-                new_logprobs=previous.new_logprobs + out.new_logprobs,
-            )
-        )
-    return list(merged.items())
-
-
-def _raise_if_failed(out: RequestOutput) -> None:
-    if out.finish_reason == "error":
+def _raise_if_failed(out: RequestOutput | None) -> None:
+    if out is not None and out.finish_reason == "error":
         raise _SequenceFailed(out.error or "generation failed")
 
 

@@ -61,7 +61,7 @@ async def collect(job: Job) -> dict[int, RequestOutput]:
     finals = {}
     try:
         async for batch in job:
-            finals.update((index, out) for index, out in batch if out.finished)
+            finals.update((i, update.final) for i, update in batch if update.final is not None)
     finally:
         job.close()
     return finals
