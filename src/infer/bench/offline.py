@@ -19,6 +19,7 @@ from infer.bench.workloads import Workload
 from infer.engine.engine import Engine
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
+from infer.heap import frozen_heap
 
 
 def check_fits(workload: Workload, max_seq_len: int) -> None:
@@ -42,7 +43,8 @@ def run_infer(
         _drive(engine, warmup, "warmup", progress=False)
     engine.peak_utilization = 0.0
     preemptions_before = int(engine.cache_stats()["preemptions"])
-    requests = _drive(engine, workload, "bench", progress)
+    with frozen_heap():  # as the server's engine process does (``infer.heap``)
+        requests = _drive(engine, workload, "bench", progress)
     extra = {
         "peak_kv_utilization": round(engine.peak_utilization, 4),
         "preemptions": int(engine.cache_stats()["preemptions"]) - preemptions_before,

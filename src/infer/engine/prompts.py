@@ -26,8 +26,8 @@ class PromptEncoder:
                 raise ValueError("prompt: this model has no tokenizer; pass token ids")
             token_ids = self.tokenizer.encode(prompt)
         else:
-            token_ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.vocab_size for t in token_ids):
+            token_ids = list(map(int, prompt))
+            if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
                 raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size})")
         if not token_ids:
             raise ValueError("prompt: must not be empty")

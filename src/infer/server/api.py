@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from infer import __version__
 from infer.config import EngineConfig
+from infer.heap import freeze_heap
 from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
 from infer.server.chat import ChatServing
@@ -45,6 +46,9 @@ def create_app(
         logprobs = LogprobFormatter(engine.prompts.tokenizer)
         app.state.completions = CompletionServing(engine, model_name, metrics, logprobs)
         app.state.chat = ChatServing(engine, model_name, metrics, logprobs)
+        # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
+        # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine).
+        freeze_heap()
         try:
             yield
         finally:

@@ -34,6 +34,7 @@ from infer.engine.engine import Engine
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
+from infer.heap import freeze_heap
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def run_engine(config: EngineConfig, commands: Connection, events: Connection) -
         logger.exception("the engine could not start")
         events.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
     pool = engine.pool
     tokenizer_path = config.tokenizer or engine.source.tokenizer_path
     events.send((
