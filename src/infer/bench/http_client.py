@@ -20,6 +20,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.synchronize import Barrier as BarrierType
 from typing import Any
 
 import httpx
@@ -27,6 +28,8 @@ from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult
 from infer.bench.workloads import RequestSpec, Workload
+
+WORKER_START_TIMEOUT_S = 300.0
 
 
 async def served_model(client: httpx.AsyncClient, url: str) -> str:
@@ -188,8 +191,10 @@ async def _send_all(
         return list(await asyncio.gather(*(send(s) for s in specs)))
 
 
-def _worker_ready() -> None:
-    """A client process's initializer: unpickling it imported this module."""
+def _worker_ready(ready: BarrierType) -> None:
+    """A client process's initializer (unpickling it imported this module): wait for the
+    others (``BrokenBarrierError`` fails the run if one never comes)."""
+    ready.wait(timeout=WORKER_START_TIMEOUT_S)
 
 
 def _send_part(
@@ -204,12 +209,14 @@ async def _send_in_processes(
     parts = [workload.requests[i::processes] for i in range(processes)]
     loop = asyncio.get_running_loop()
     context = multiprocessing.get_context("spawn")
-    # Every worker starts, and imports this module (its initializer), before the clock
-    # starts: a worker still importing would send its share of a burst late.
-    with ProcessPoolExecutor(processes, mp_context=context, initializer=_worker_ready) as pool:
-        await asyncio.gather(
-            *(loop.run_in_executor(pool, time.sleep, 0.2) for _ in range(processes))
-        )
+    # Every worker starts and imports this module before the clock starts: a worker still
+    # importing would send its share of a burst late. The pool starts one worker per task
+    # submitted while none is idle, and each waits in its initializer until all have come.
+    ready = context.Barrier(processes)
+    with ProcessPoolExecutor(
+        processes, mp_context=context, initializer=_worker_ready, initargs=(ready,)
+    ) as pool:
+        await asyncio.gather(*(loop.run_in_executor(pool, time.sleep, 0) for _ in range(processes)))
         start = time.perf_counter() + 0.5
         results = await asyncio.gather(
             *(
