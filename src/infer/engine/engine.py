@@ -69,7 +69,7 @@ class Engine:
             )
         self.runner = ModelRunner(self.model, self.pool, self.device, self.max_seq_len, graphs)
         if self.device.type == "cuda":
-            warm_up_kernels(self.model, self.pool, self.device)
+            warm_up_kernels(self.model, self.pool, self.device, self.max_seq_len)
         if graphs is not None:
             graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)

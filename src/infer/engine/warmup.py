@@ -13,10 +13,15 @@ from infer.models import DecoderModel
 
 
 @torch.inference_mode()
-def warm_up_kernels(model: DecoderModel, pool: CachePoolProtocol, device: torch.device) -> None:
-    """Run a mixed step with few rows (split keys), a lone decode row and a wide mixed step:
-    a first-use compile would otherwise stall the first requests for seconds. Their K/V
-    writes land in blocks that are all still free."""
+def warm_up_kernels(
+    model: DecoderModel, pool: CachePoolProtocol, device: torch.device, max_seq_len: int
+) -> None:
+    """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step and
+    a chunk over a long context (the other prefill tile): a first-use compile would otherwise
+    stall the first requests for seconds. Their K/V writes land in blocks that are all still
+    free."""
+    from infer.kernels.paged_attention import SHORT_PREFILL_LEN  # triton: GPU installs only
+
     block_size = pool.block_size
     blocks = itertools.cycle(range(pool.num_blocks))
 
@@ -29,6 +34,8 @@ def warm_up_kernels(model: DecoderModel, pool: CachePoolProtocol, device: torch.
         [sequence(block_size, 1)],
         [sequence(0, 8) for _ in range(32)] + [sequence(block_size, 1) for _ in range(32)],
     ]
+    if max_seq_len > SHORT_PREFILL_LEN + 2:
+        batches.append([sequence(SHORT_PREFILL_LEN, 2)])
     for batch in batches:
         input_ids, meta = build_metadata(batch, block_size, device)
         model.compute_logits(model(input_ids, meta.positions, meta)).argmax(-1)

@@ -32,6 +32,7 @@ from infer.attention.metadata import AttentionMetadata
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
+SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,19 @@ def decode_config(head_dim: int) -> TileConfig:
     return TileConfig(16, 32 if head_dim > 128 else 64, 4, 3)
 
 
-def prefill_config(head_dim: int) -> TileConfig:
-    """Default prefill tile, chosen like ``decode_config`` (causal prefills of 4096 tokens)."""
+def prefill_config(head_dim: int, max_seq_len: int = 4096) -> TileConfig:
+    """Default prefill tile for a batch whose longest sequence has ``max_seq_len`` tokens.
+
+    Chosen like ``decode_config``, on an H100 for head_dim 128: wide key steps pay off over
+    long contexts (1 x 4096: 284 TFLOP/s against 242 with 32-key steps), short ones finish
+    sooner with narrow steps and fewer warps (8 x 512: 133 against 117; 16 x 256: 89 against
+    71; 16 chunks of 512 over 1024: 228 against 217).
+    """
     if head_dim > 128:
         return TileConfig(128, 64, 8, 2)
     if head_dim == 128:
-        return TileConfig(128, 128, 8, 2)
+        short = max_seq_len <= SHORT_PREFILL_LEN
+        return TileConfig(128, 32, 4, 3) if short else TileConfig(128, 128, 8, 2)
     return TileConfig(128, 64, 8, 3)
 
 
@@ -280,13 +288,14 @@ def _sm_count(device: torch.device) -> int:
 def num_kv_splits(num_seqs: int, num_kv_heads: int, kv_len: int, device: torch.device) -> int:
     """How many pieces each decode row's keys are cut into (flash-decoding).
 
-    Aims at about three programs per SM when sequences x KV heads alone would leave SMs idle,
-    keeping at least 256 keys a piece. ``kv_len`` is an upper bound (a captured graph passes
+    Aims at about two programs per SM when sequences x KV heads alone would leave SMs idle,
+    keeping at least 256 keys a piece (on an H100, 16 x 1k: 3 pieces 31.9 µs against 32.7
+    with 4; 16 x 4k: 3 pieces either way). ``kv_len`` is an upper bound (a captured graph passes
     the model's maximum; pieces past a sequence's end exit at once). CPU (interpreter): 1.
     """
     if device.type != "cuda":
         return 1
-    wanted = triton.cdiv(3 * _sm_count(device), max(num_seqs * num_kv_heads, 1))
+    wanted = triton.cdiv(2 * _sm_count(device), max(num_seqs * num_kv_heads, 1))
     return max(1, min(wanted, triton.cdiv(kv_len, _MIN_KEYS_PER_SPLIT), _MAX_SPLITS))
 
 
@@ -403,7 +412,7 @@ def paged_attention_triton(
     tile = decode_tile or decode_config(head_dim)
     _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile)
     if meta.max_query_len > 1:
-        tile = prefill_tile or prefill_config(head_dim)
+        tile = prefill_tile or prefill_config(head_dim, meta.max_seq_len)
         _launch_prefill(out, q, k_cache, v_cache, meta, scale, sliding_window, tile)
     return out
 

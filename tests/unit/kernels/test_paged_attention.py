@@ -15,7 +15,13 @@ import torch.nn.functional as F
 
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
-from infer.kernels.paged_attention import TileConfig, paged_attention_triton, triton_paged_attention
+from infer.kernels.paged_attention import (
+    SHORT_PREFILL_LEN,
+    TileConfig,
+    paged_attention_triton,
+    prefill_config,
+    triton_paged_attention,
+)
 
 POISON = 100.0  # fills blocks no sequence owns: reading one shows up as a wrong output
 SMALL_PREFILL = TileConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
@@ -267,6 +273,16 @@ def test_prefix_cached_prefill_default_tiles(window: int) -> None:
     """Queries shorter than the context; default (128-row) prefill tiles."""
     specs = [(150, 20), (96, 96), (64, 15)]
     run_batch(specs, window, heads=(8, 2), head_dim=128, dtype=torch.float16)
+
+
+def test_prefill_tile_follows_the_longest_sequence() -> None:
+    """head_dim 128 batches get the narrow tile up to SHORT_PREFILL_LEN tokens, the wide one
+    past it (and the wide tile is right: a chunk over a context longer than that)."""
+    assert prefill_config(128, SHORT_PREFILL_LEN) != prefill_config(128, SHORT_PREFILL_LEN + 1)
+    run_batch(
+        [(SHORT_PREFILL_LEN + 40, 24), (30, 1)],
+        heads=(2, 1), head_dim=128, dtype=torch.float16,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
