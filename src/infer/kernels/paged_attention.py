@@ -126,8 +126,7 @@ def _decode_kernel(
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
     qk_scale, window, num_splits,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -159,36 +158,35 @@ def _decode_kernel(
     )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
-        o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
         return
-    p_ptrs = (PartOut + seq * stride_pb + split * stride_ps + heads[:, None] * stride_ph
-              + offs_d[None, :])
-    tl.store(p_ptrs, out, mask=rows_ok[:, None])
+    part = PartOut + seq * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
+    tl.store(part + split * stride_ps, out, mask=rows_ok[:, None])
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
+    part_lse = PartLse + seq * stride_lb + heads
+    tl.store(part_lse + split * stride_ls, lse, mask=rows_ok)
     # The last split of this (sequence, KV head) to finish merges them all: no second kernel.
     # Its acquire sees every other split's stores (each released them with its increment).
     tl.debug_barrier()
     counter = Counters + seq * tl.num_programs(1) + kv_head
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
         tl.store(counter, 0)  # ready for the next call (and the next graph replay)
-        offs_s = tl.arange(0, MAX_SPLITS)
-        split_ok = offs_s < num_splits
-        for g in tl.static_range(GROUP):  # each head: all its splits at once
-            head = kv_head * GROUP + g
-            lse_s = tl.load(PartLse + seq * stride_lb + offs_s * stride_ls + head,
-                            mask=split_ok, other=float("-inf"))
-            top = tl.max(lse_s, 0)
-            weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
-            total = tl.sum(weight, 0)
-            parts = tl.load(PartOut + seq * stride_pb + offs_s[:, None] * stride_ps
-                            + head * stride_ph + offs_d[None, :],
-                            mask=split_ok[:, None], other=0.0)
-            merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-            tl.store(Out + row * stride_ot + head * stride_oh + offs_d,
-                     merged.to(Out.dtype.element_ty))
+        merged = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+        top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([ROWS], dtype=tl.float32)
+        for i in range(num_splits):  # weight each split by its share of the softmax mass
+            lse_i = tl.load(part_lse + i * stride_ls, mask=rows_ok, other=float("-inf"))
+            top_new = tl.maximum(top, lse_i)
+            shift = tl.where(top_new == float("-inf"), 0.0, top_new)
+            keep, weight = tl.exp2(top - shift), tl.exp2(lse_i - shift)
+            part_i = tl.load(part + i * stride_ps, mask=rows_ok[:, None], other=0.0)
+            merged = merged * keep[:, None] + part_i * weight[:, None]
+            total = total * keep + weight
+            top = top_new
+        merged = merged / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 
 
 @triton.jit
@@ -348,8 +346,7 @@ def _launch_decode(
         scale * _LOG2E, window, num_splits,
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
-        MAX_SPLITS=_MAX_SPLITS, DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
+        DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
@@ -401,8 +398,6 @@ def paged_attention_triton(
     head_dim = q.shape[-1]
     kv_len = min(meta.max_seq_len, sliding_window) if sliding_window > 0 else meta.max_seq_len
     splits = num_splits or num_kv_splits(meta.num_seqs, k_cache.shape[1], kv_len, q.device)
-    if not 1 <= splits <= _MAX_SPLITS:
-        raise ValueError(f"num_splits: must be in [1, {_MAX_SPLITS}], got {splits}")
     tile = decode_tile or decode_config(head_dim)
     _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile)
     if meta.max_query_len > 1:
