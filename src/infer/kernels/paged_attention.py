@@ -6,9 +6,8 @@ starts reading at its first visible key. The query heads that share a KV head ar
 ``tl.dot`` tile, so each K/V tile is loaded once for all of them.
 
 * ``_decode_kernel`` serves sequences with one query row. One program per (sequence, KV head,
-  split); with few sequences and long contexts the keys are split (flash-decoding), and the
-  last split of a (sequence, KV head) to finish merges the partial results (a counter per
-  pair says which one is last), so no second kernel is launched.
+  split); with few sequences and long contexts the keys are split (flash-decoding) and
+  ``_combine_kernel`` merges the splits' partial results.
 * ``_prefill_kernel`` serves sequences with more query rows (prefill, chunk, cached prefix):
   FlashAttention-2 causal tiles whose rows are (token, head) pairs; key tiles visible to every
   row skip the masks.
@@ -120,7 +119,7 @@ def _attend_range(
 
 @triton.jit(do_not_specialize=["window", "num_splits"])  # data, not code: compile once
 def _decode_kernel(
-    Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse, Counters,
+    Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse,
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
@@ -158,35 +157,42 @@ def _decode_kernel(
     )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
+        o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+    else:
+        p_ptrs = (PartOut + seq * stride_pb + split * stride_ps + heads[:, None] * stride_ph
+                  + offs_d[None, :])
+        tl.store(p_ptrs, out, mask=rows_ok[:, None])
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_kernel(
+    Out, PartOut, PartLse, QueryStart,
+    stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
+    SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """Merges a decode row's splits, weighting each by its share of the softmax mass."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.load(QueryStart + seq)
+    if tl.load(QueryStart + seq + 1) - row != 1:
         return
-    part = PartOut + seq * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
-    tl.store(part + split * stride_ps, out, mask=rows_ok[:, None])
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    part_lse = PartLse + seq * stride_lb + heads
-    tl.store(part_lse + split * stride_ls, lse, mask=rows_ok)
-    # The last split of this (sequence, KV head) to finish merges them all: no second kernel.
-    # Its acquire sees every other split's stores (each released them with its increment).
-    tl.debug_barrier()
-    counter = Counters + seq * tl.num_programs(1) + kv_head
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-        tl.store(counter, 0)  # ready for the next call (and the next graph replay)
-        merged = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
-        top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        total = tl.zeros([ROWS], dtype=tl.float32)
-        for i in range(num_splits):  # weight each split by its share of the softmax mass
-            lse_i = tl.load(part_lse + i * stride_ls, mask=rows_ok, other=float("-inf"))
-            top_new = tl.maximum(top, lse_i)
-            shift = tl.where(top_new == float("-inf"), 0.0, top_new)
-            keep, weight = tl.exp2(top - shift), tl.exp2(lse_i - shift)
-            part_i = tl.load(part + i * stride_ps, mask=rows_ok[:, None], other=0.0)
-            merged = merged * keep[:, None] + part_i * weight[:, None]
-            total = total * keep + weight
-            top = top_new
-        merged = merged / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+    offs_s = tl.arange(0, SPLITS_POW2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_ok = offs_s < num_splits
+    lse = tl.load(PartLse + seq * stride_lb + offs_s * stride_ls + head, mask=split_ok,
+                  other=float("-inf"))
+    m = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    total = tl.sum(weight, 0)
+    part_ptrs = (PartOut + seq * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph
+                 + offs_d[None, :])
+    parts = tl.load(part_ptrs, mask=split_ok[:, None], other=0.0)
+    out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(Out + row * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
 @triton.jit
@@ -308,17 +314,14 @@ def _dot_precision(q: Tensor) -> str:
 
 
 def _split_scratch(
-    meta: AttentionMetadata, shape: tuple[int, ...], num_kv_heads: int, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Split partials ``[B, S, H, D]``, log-sum-exps ``[B, S, H]`` and finished-split
-    counters ``[B, Hkv]`` (zero between calls: the merging program resets its own), shared by
-    all layers of a step."""
-    key = f"paged_attention_splits_{shape}_{num_kv_heads}"
+    meta: AttentionMetadata, shape: tuple[int, ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Split partials ``[B, S, H, D]`` and log-sum-exps ``[B, S, H]``, shared by all layers."""
+    key = f"paged_attention_splits_{shape}"
     if key not in meta.derived:
         meta.derived[key] = (
             torch.empty(shape, dtype=torch.float32, device=device),
             torch.empty(shape[:3], dtype=torch.float32, device=device),
-            torch.zeros(shape[0], num_kv_heads, dtype=torch.int32, device=device),
         )
     return meta.derived[key]
 
@@ -332,12 +335,12 @@ def _launch_decode(
     group = num_heads // num_kv_heads
     if num_splits > 1:
         shape = (num_seqs, num_splits, num_heads, head_dim)
-        part_out, part_lse, counters = _split_scratch(meta, shape, num_kv_heads, q.device)
+        part_out, part_lse = _split_scratch(meta, shape, q.device)
     else:  # the kernel writes ``out`` itself and never touches the partials
-        part_out, part_lse, counters = out[:, :, :, None], out[:, :, 0], meta.seq_lens
+        part_out, part_lse = out[:, :, :, None], out[:, :, 0]
     tables, starts = meta.block_tables, meta.query_start_loc
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out, q, k_cache, v_cache, tables, meta.seq_lens, starts, part_out, part_lse, counters,
+        out, q, k_cache, v_cache, tables, meta.seq_lens, starts, part_out, part_lse,
         out.stride(0), out.stride(1), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
@@ -348,6 +351,14 @@ def _launch_decode(
         BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
+    if num_splits > 1:
+        _combine_kernel[(num_seqs, num_heads)](
+            out, part_out, part_lse, starts,
+            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),
+            part_out.stride(2), part_lse.stride(0), part_lse.stride(1), num_splits,
+            SPLITS_POW2=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, num_warps=4,
+        )  # fmt: skip
 
 
 def _launch_prefill(
