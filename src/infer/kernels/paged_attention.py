@@ -6,8 +6,10 @@ starts reading at its first visible key. The query heads that share a KV head ar
 ``tl.dot`` tile, so each K/V tile is loaded once for all of them.
 
 * ``_decode_kernel`` serves sequences with one query row. One program per (sequence, KV head,
-  split); with few sequences and long contexts the keys are split (flash-decoding) and
-  ``_combine_kernel`` merges the splits' partial results.
+  split); with few sequences and long contexts the keys are split (flash-decoding). With a
+  few splits the last one of a (sequence, KV head) to finish merges the partial results (a
+  counter per pair says which is last); with many, ``_combine_kernel`` merges them, one
+  program per head, since one program merging dozens of splits in turn is slower.
 * ``_prefill_kernel`` serves sequences with more query rows (prefill, chunk, cached prefix):
   FlashAttention-2 causal tiles whose rows are (token, head) pairs; key tiles visible to every
   row skip the masks.
@@ -32,6 +34,7 @@ from infer.attention.metadata import AttentionMetadata
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
+_MAX_SPLITS_MERGED_IN_KERNEL = 4  # H100, 16 x 1k (3 splits): 30.7 µs merged, 32.6 with a kernel
 SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
 
 
@@ -119,13 +122,14 @@ def _attend_range(
 
 @triton.jit(do_not_specialize=["window", "num_splits"])  # data, not code: compile once
 def _decode_kernel(
-    Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse,
+    Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse, Counters,
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
     qk_scale, window, num_splits,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -157,15 +161,36 @@ def _decode_kernel(
     )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
-        o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
-    else:
-        p_ptrs = (PartOut + seq * stride_pb + split * stride_ps + heads[:, None] * stride_ph
-                  + offs_d[None, :])
-        tl.store(p_ptrs, out, mask=rows_ok[:, None])
-        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(PartLse + seq * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
+        return
+    part = PartOut + seq * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
+    tl.store(part + split * stride_ps, out, mask=rows_ok[:, None])
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    part_lse = PartLse + seq * stride_lb + heads
+    tl.store(part_lse + split * stride_ls, lse, mask=rows_ok)
+    if MERGE:
+        # The last split of this (sequence, KV head) to finish merges them all. Its acquire
+        # sees every other split's stores (each released them with its increment).
+        tl.debug_barrier()
+        counter = Counters + seq * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(counter, 0)  # ready for the next call (and the next graph replay)
+            merged = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+            top = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+            total = tl.zeros([ROWS], dtype=tl.float32)
+            for i in range(num_splits):  # weight each split by its share of the softmax mass
+                lse_i = tl.load(part_lse + i * stride_ls, mask=rows_ok, other=float("-inf"))
+                top_new = tl.maximum(top, lse_i)
+                shift = tl.where(top_new == float("-inf"), 0.0, top_new)
+                keep, weight = tl.exp2(top - shift), tl.exp2(lse_i - shift)
+                part_i = tl.load(part + i * stride_ps, mask=rows_ok[:, None], other=0.0)
+                merged = merged * keep[:, None] + part_i * weight[:, None]
+                total = total * keep + weight
+                top = top_new
+            merged = merged / tl.where(total > 0, total, 1.0)[:, None]
+            tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -314,14 +339,17 @@ def _dot_precision(q: Tensor) -> str:
 
 
 def _split_scratch(
-    meta: AttentionMetadata, shape: tuple[int, ...], device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Split partials ``[B, S, H, D]`` and log-sum-exps ``[B, S, H]``, shared by all layers."""
-    key = f"paged_attention_splits_{shape}"
+    meta: AttentionMetadata, shape: tuple[int, ...], num_kv_heads: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Split partials ``[B, S, H, D]``, log-sum-exps ``[B, S, H]`` and finished-split
+    counters ``[B, Hkv]`` (zero between calls: the merging program resets its own), shared by
+    all layers of a step."""
+    key = f"paged_attention_splits_{shape}_{num_kv_heads}"
     if key not in meta.derived:
         meta.derived[key] = (
             torch.empty(shape, dtype=torch.float32, device=device),
             torch.empty(shape[:3], dtype=torch.float32, device=device),
+            torch.zeros(shape[0], num_kv_heads, dtype=torch.int32, device=device),
         )
     return meta.derived[key]
 
@@ -335,12 +363,13 @@ def _launch_decode(
     group = num_heads // num_kv_heads
     if num_splits > 1:
         shape = (num_seqs, num_splits, num_heads, head_dim)
-        part_out, part_lse = _split_scratch(meta, shape, q.device)
+        part_out, part_lse, counters = _split_scratch(meta, shape, num_kv_heads, q.device)
     else:  # the kernel writes ``out`` itself and never touches the partials
-        part_out, part_lse = out[:, :, :, None], out[:, :, 0]
+        part_out, part_lse, counters = out[:, :, :, None], out[:, :, 0], meta.seq_lens
+    merge = 1 < num_splits <= _MAX_SPLITS_MERGED_IN_KERNEL
     tables, starts = meta.block_tables, meta.query_start_loc
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out, q, k_cache, v_cache, tables, meta.seq_lens, starts, part_out, part_lse,
+        out, q, k_cache, v_cache, tables, meta.seq_lens, starts, part_out, part_lse, counters,
         out.stride(0), out.stride(1), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
@@ -348,10 +377,10 @@ def _launch_decode(
         part_lse.stride(0), part_lse.stride(1),
         scale * _LOG2E, window, num_splits,
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
+        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1, MERGE=merge,
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not merge:
         _combine_kernel[(num_seqs, num_heads)](
             out, part_out, part_lse, starts,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),

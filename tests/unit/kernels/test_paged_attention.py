@@ -291,6 +291,19 @@ def test_split_kv_decode(num_splits: int, window: int) -> None:
     run_batch([(1, 1), (30, 1), (200, 1), (64, 1)], window=window, num_splits=num_splits)
 
 
+@pytest.mark.parametrize("num_splits", [3, 7], ids=["merged-in-kernel", "combine-kernel"])
+def test_split_kv_decode_reuses_its_scratch_across_calls(num_splits: int) -> None:
+    """Layers of a step share the split scratch: every call leaves the finished-split
+    counters at zero for the next one (the merging split resets its counter)."""
+    q, k, v, meta = make_batch([(130, 1), (70, 1), (9, 1)], heads=(4, 2))
+    for layer in range(3):
+        q_layer = q + layer
+        out = paged_attention_triton(q_layer, k, v, meta, 32**-0.5, num_splits=num_splits)
+        assert_matches(out, reference(q_layer, k, v, meta))
+    scratch = [v for key, v in meta.derived.items() if key.startswith("paged_attention_splits")]
+    assert len(scratch) == 1 and scratch[0][-1].count_nonzero() == 0
+
+
 def test_split_kv_decode_rows_in_mixed_batch() -> None:
     run_batch([(150, 1), (60, 60), (99, 1)], num_splits=4, heads=(8, 2))
 
