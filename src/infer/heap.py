@@ -10,6 +10,7 @@ sight; objects made afterwards are collected as usual.
 
 from __future__ import annotations
 
+import atexit
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,9 +18,14 @@ from contextlib import contextmanager
 
 def freeze_heap() -> None:
     """Collect once, then exempt every surviving object from later collections (for the
-    rest of the process: call it once start-up is done)."""
+    rest of the process: call it once start-up is done).
+
+    At exit the objects are handed back, so that the interpreter's last collection frees
+    them (extension modules such as triton's report objects still alive then as leaks)."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)
+    atexit.register(gc.unfreeze)
 
 
 @contextmanager

@@ -4,6 +4,9 @@ collected."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 import weakref
 
 from infer.heap import freeze_heap, frozen_heap
@@ -38,3 +41,24 @@ def test_freeze_heap_collects_garbage_first() -> None:
         assert garbage() is None  # not frozen alive: collected before the freeze
     finally:
         gc.unfreeze()
+
+
+def test_frozen_objects_are_handed_back_at_exit() -> None:
+    """A cycle frozen with the heap and dropped later is still freed when the process ends."""
+    program = textwrap.dedent(
+        """
+        from infer.heap import freeze_heap
+
+        class Noisy:
+            def __del__(self) -> None:
+                print("freed", flush=True)
+
+        a, b = Noisy(), Noisy()
+        a.other, b.other = b, a
+        freeze_heap()
+        del a, b
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["freed", "freed"]
