@@ -120,16 +120,15 @@ def _attend_range(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["window", "num_splits"])  # data, not code: compile once
+@triton.jit(do_not_specialize=["window", "num_splits", "merge"])  # data: compile once
 def _decode_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse, Counters,
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-    qk_scale, window, num_splits,
+    qk_scale, window, num_splits, merge,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -170,7 +169,7 @@ def _decode_kernel(
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     part_lse = PartLse + seq * stride_lb + heads
     tl.store(part_lse + split * stride_ls, lse, mask=rows_ok)
-    if MERGE:
+    if merge != 0:  # a run-time flag: the warmed-up split variant serves both ways
         # The last split of this (sequence, KV head) to finish merges them all. Its acquire
         # sees every other split's stores (each released them with its increment).
         tl.debug_barrier()
@@ -375,9 +374,9 @@ def _launch_decode(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        scale * _LOG2E, window, num_splits,
+        scale * _LOG2E, window, num_splits, int(merge),
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1, MERGE=merge,
+        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not merge:

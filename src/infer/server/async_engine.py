@@ -148,21 +148,23 @@ class Job:
     def put(self, index: int, progress: Progress, now: float) -> None:
         """A step's new tokens of sequence ``index``."""
         _, token_ids, text, logprobs = progress
-        if token_ids:
-            self.token_times[index].append(now)
-        self._update(index).add(token_ids, text, logprobs)
+        self._add(index, token_ids, text, logprobs, now)
 
     def finish(self, index: int, out: RequestOutput, now: float) -> None:
         """Sequence ``index`` finished (with its last step's tokens)."""
-        self.put(index, (out.request_id, out.new_token_ids, out.new_text, out.new_logprobs), now)
-        self._ready[index].final = out
+        self._add(index, out.new_token_ids, out.new_text, out.new_logprobs, now).final = out
         self.finish_reasons[index] = out.finish_reason
 
-    def _update(self, index: int) -> ChoiceUpdate:
+    def _add(
+        self, index: int, token_ids: list[int], text: str, logprobs: list[TokenLogprob], now: float
+    ) -> ChoiceUpdate:
+        if token_ids:
+            self.token_times[index].append(now)
         update = self._ready.get(index)
         if update is None:
             update = self._ready[index] = ChoiceUpdate()
             self._wake()
+        update.add(token_ids, text, logprobs)
         return update
 
     def fail(self, exc: BaseException) -> None:
