@@ -141,8 +141,8 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits(
     while long.is_alive():  # soon, while the long request still runs: no new connections
         try:
             httpx.get(f"{server.url}/health", timeout=1)
-        except httpx.ConnectError:
-            break
+        except (httpx.ConnectError, httpx.RemoteProtocolError):
+            break  # refused, or accepted by the closing socket's backlog and dropped unanswered
         assert time.monotonic() < deadline, "the server still accepts connections"
         time.sleep(0.05)
     assert long.is_alive()
