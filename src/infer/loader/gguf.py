@@ -1,5 +1,8 @@
 """GGUF files (llama.cpp): configuration from metadata, tensors dequantised by ``gguf``.
 
+Every tensor type that ``gguf`` can dequantise loads (Q4_K_M files alone mix Q4_K, Q5_0,
+Q6_K, Q8_0, ...); a type it cannot is named in the error.
+
 llama.cpp renames tensors, interleaves the rotary halves of Llama's q/k projections and
 stores Gemma's norm weights as ``1 + w``; all three are undone here so the model sees
 Hugging Face names and layouts.
@@ -7,16 +10,17 @@ Hugging Face names and layouts.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+_GGUF_VERSION = importlib.metadata.version("gguf")
 _ARCHES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 _TOP_LEVEL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -133,20 +137,25 @@ class GGUFFile:
         for tensor in self.reader.tensors:
             if tensor.name in _IGNORED:
                 continue
-            kind = tensor.tensor_type.name
-            if kind not in SUPPORTED_TYPES:
-                raise ValueError(
-                    f"tensor {tensor.name}: GGUF type {kind} is not supported "
-                    f"({', '.join(SUPPORTED_TYPES)})"
-                )
             name = _hf_name(tensor.name, layer_names)
-            data = dequantize(tensor.data, tensor.tensor_type)
-            value = torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
+            value = torch.from_numpy(_dequantize(tensor))
             if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 value = _unpermute_rotary(value, num_heads if "q_proj" in name else num_kv_heads)
             if self.arch == "gemma3" and name.endswith("norm.weight"):
                 value = value - 1.0
             yield name, value
+
+
+def _dequantize(tensor: ReaderTensor) -> np.ndarray:
+    """The tensor's values as float32, by ``gguf``'s dequantisation of its type."""
+    try:
+        data = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise ValueError(
+            f"tensor {tensor.name}: GGUF type {tensor.tensor_type.name} is not supported "
+            f"(gguf {_GGUF_VERSION} cannot dequantise it)"
+        ) from None
+    return np.array(data, dtype=np.float32, order="C")
 
 
 def _hf_name(gguf_name: str, layer_names: dict[str, str]) -> str:

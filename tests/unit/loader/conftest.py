@@ -15,12 +15,15 @@ from infer.config import ModelConfig
 
 from .helpers import random_hf_model, to_llama_cpp, write_gguf
 
-# One tensor per type (names common to all three families); everything else stays F32.
-# K-quant rows need 256 values, hence ffn_down of an intermediate size of 256.
+# A mix of types like a Q4_K_M file's (names common to all three families); everything else
+# stays F32. K-quant rows need 256 values, hence ffn_down of an intermediate size of 256.
+# (Every other type gguf dequantises is checked one by one in test_gguf.py.)
 QUANT_TYPES = {
     "token_embd.weight": Q.Q8_0,
     "blk.0.attn_q.weight": Q.Q4_0,
     "blk.0.attn_k.weight": Q.Q4_1,
+    "blk.1.attn_q.weight": Q.Q5_0,
+    "blk.1.attn_k.weight": Q.Q5_1,
     "blk.0.attn_v.weight": Q.BF16,
     "blk.0.attn_output.weight": Q.F16,
     "blk.0.ffn_down.weight": Q.Q4_K,
@@ -69,8 +72,8 @@ def tiny_config(tiny_checkpoint: Callable[[str], Path]) -> Callable[[str], dict[
 def tiny_gguf(
     tmp_path_factory: pytest.TempPathFactory, tiny_config: Callable[[str], dict[str, Any]]
 ) -> Callable[[str], TinyGGUF]:
-    """``tiny_gguf(family)`` → a GGUF file of a random tiny model with every supported
-    tensor type (see ``QUANT_TYPES``), and the model it came from."""
+    """``tiny_gguf(family)`` → a GGUF file of a random tiny model with mixed tensor types
+    (see ``QUANT_TYPES``), and the model it came from."""
     made: dict[str, TinyGGUF] = {}
 
     def make(family: str) -> TinyGGUF:

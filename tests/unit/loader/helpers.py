@@ -124,15 +124,26 @@ def random_kquant_bytes(rows: int, cols: int, qtype: Q, seed: int = 0) -> np.nda
     return raw.reshape(rows, -1)
 
 
+def random_blocks(rows: int, cols: int, qtype: Q, seed: int = 0) -> np.ndarray:
+    """Random stored bytes of any type, every byte below 0x7C so that no fp16, bf16, fp8 or
+    e8m0 scale inside a block is an infinity or NaN."""
+    shape = gguf.quants.quant_shape_to_byte_shape((rows, cols), qtype)
+    return np.random.default_rng(seed).integers(0, 0x7C, size=shape, dtype=np.uint8)
+
+
 def encode(data: np.ndarray, qtype: Q, seed: int = 0) -> np.ndarray:
-    """What a GGUF file stores for ``data`` as ``qtype`` (random blocks for K-quants)."""
+    """What a GGUF file stores for ``data`` as ``qtype``: gguf's quantisation where it has
+    one, else random blocks (small-scaled ones for the K-quants)."""
     if qtype == Q.F32:
         return data.astype(np.float32)
     if qtype == Q.F16:
         return data.astype(np.float16)
     if qtype in _KQUANT_SCALE_OFFSETS:
         return random_kquant_bytes(data.shape[0], data.shape[1], qtype, seed)
-    return gguf.quants.quantize(data.astype(np.float32), qtype)
+    try:
+        return gguf.quants.quantize(data.astype(np.float32), qtype)
+    except NotImplementedError:
+        return random_blocks(data.shape[0], data.shape[1], qtype, seed)
 
 
 def write_gguf(
