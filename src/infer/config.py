@@ -7,6 +7,7 @@ turned off); ``ModelConfig`` is the architecture description read from a Hugging
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, fields
@@ -19,6 +20,7 @@ BatchingMode = Literal["static", "continuous"]
 KVCacheBackend = Literal["contiguous", "paged"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+logger = logging.getLogger(__name__)
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's ``text_config`` lists
 # only what differs from them (gemma-3-4b-it: hidden size, layers, RoPE scaling, window).
 _GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
@@ -204,13 +206,18 @@ class EngineConfig:
     bfloat16 on CUDA and float32 on CPU, CUDA graphs are on exactly when the device is CUDA,
     ``max_seq_len`` is the model's context capped at 4096, and ``num_gpu_blocks`` is sized
     from free device memory (``gpu_memory_utilization``) after the weights are loaded.
+
+    ``None`` also means "follow the other choices" for the fields that depend on them, and
+    those are filled in at construction (so readers always see a value): static batching
+    picks the contiguous cache, and static batching or the contiguous cache turn chunked
+    prefill / prefix caching off. Only contradictions between explicit values raise.
     """
 
     model: str = "smollm2-135m"
     load_format: Literal["auto", "dummy", "safetensors", "gguf"] = "auto"
     tokenizer: str | None = None
     batching_mode: BatchingMode = "continuous"
-    kv_cache_backend: KVCacheBackend = "paged"
+    kv_cache_backend: KVCacheBackend | None = None  # paged; contiguous when static
     block_size: int = 16
     num_gpu_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -219,10 +226,10 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_waiting_requests: int = 4096
     admission_reserve: float = 0.2
-    use_chunked_prefill: bool = True
+    use_chunked_prefill: bool | None = None  # on; off when static
     prefill_chunk_size: int = 512
     max_prefill_chunks_per_step: int | None = None
-    use_prefix_caching: bool = True
+    use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     use_async_scheduling: bool = True
     dtype: str | None = None
@@ -230,7 +237,33 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self._resolve_dependent_defaults()
         self.validate()
+
+    def _resolve_dependent_defaults(self) -> None:
+        """Fill the ``None`` fields that follow other choices, and say so when a choice
+        turned something off that is on by default."""
+        static = self.batching_mode == "static"
+        adapted = []
+        if self.kv_cache_backend is None:
+            self.kv_cache_backend = "contiguous" if static else "paged"
+            if static:
+                adapted.append("kv_cache_backend='contiguous'")
+        if self.use_chunked_prefill is None:
+            self.use_chunked_prefill = not static
+            if static:
+                adapted.append("use_chunked_prefill=False")
+        if self.use_prefix_caching is None:
+            self.use_prefix_caching = self.kv_cache_backend == "paged"
+            if not self.use_prefix_caching:
+                adapted.append("use_prefix_caching=False")
+        if adapted:
+            reason = (
+                "batching_mode='static'"
+                if static
+                else f"kv_cache_backend={self.kv_cache_backend!r}"
+            )
+            logger.info("%s: defaulting to %s", reason, ", ".join(adapted))
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -311,23 +344,28 @@ class EngineConfig:
         _check(
             not (static and self.kv_cache_backend == "paged"),
             "kv_cache_backend",
-            "'paged' requires batching_mode='continuous' (use --kv-cache-backend contiguous)",
+            "'paged' contradicts batching_mode='static' (static batching uses the contiguous "
+            "cache; leave kv_cache_backend unset or choose batching_mode='continuous')",
         )
         _check(
             not (static and self.use_chunked_prefill),
             "use_chunked_prefill",
-            "chunked prefill requires batching_mode='continuous'",
+            "chunked prefill contradicts batching_mode='static' (it needs "
+            "batching_mode='continuous')",
         )
         _check(
             not (self.use_prefix_caching and self.kv_cache_backend != "paged"),
             "use_prefix_caching",
-            "prefix caching requires kv_cache_backend='paged'",
+            f"prefix caching contradicts kv_cache_backend={self.kv_cache_backend!r}"
+            + (" (with batching_mode='static')" if static else "")
+            + "; it needs kv_cache_backend='paged'",
         )
         if self.use_cuda_graphs:
             _check(
                 self.kv_cache_backend == "paged" and not static,
                 "use_cuda_graphs",
-                "CUDA graphs require kv_cache_backend='paged' and batching_mode='continuous'",
+                f"CUDA graphs contradict kv_cache_backend={self.kv_cache_backend!r} / "
+                f"batching_mode={self.batching_mode!r} (they need 'paged' and 'continuous')",
             )
             _check(
                 self.resolved_device.type == "cuda",

@@ -120,3 +120,29 @@ def test_smollm2_modes_agree(mode: str, smollm2_reference: list[list[int]]) -> N
     outputs, llm = _generate("smollm2-135m", _prompts(49152), MODES[mode])
     assert outputs == smollm2_reference
     _assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize(
+    ("options", "backend"),
+    [
+        ({"kv_cache_backend": "contiguous"}, "contiguous"),
+        ({"batching_mode": "static"}, "contiguous"),
+    ],
+    ids=["contiguous-alone", "static-alone"],
+)
+def test_one_flag_modes_adapt_the_rest(
+    options: dict[str, Any],
+    backend: str,
+    tiny_checkpoint: Callable[[str], Path],
+    references: dict[str, list[list[int]]],
+) -> None:
+    """``LLM(model, kv_cache_backend="contiguous")`` and ``batching_mode="static"`` alone
+    run (prefix caching, and for static the paged cache and chunking, follow them) and
+    still match transformers."""
+    outputs, llm = _generate(
+        str(tiny_checkpoint("llama")), _prompts(320), {**options, "max_batch_size": 4}
+    )
+    assert llm.config.kv_cache_backend == backend and not llm.config.use_prefix_caching
+    assert not llm.engine.pool.is_paged()
+    assert outputs == references["llama"]
+    _assert_no_leaks(llm)

@@ -330,3 +330,93 @@ def test_cpu_resolution_and_max_seq_len_bound() -> None:
     too_long = EngineConfig(device="cpu", max_seq_len=model.max_position_embeddings + 1)
     with pytest.raises(ValueError, match=r"^max_seq_len: "):
         too_long.resolved_max_seq_len(model)
+
+
+# --- Defaults that follow other choices -----------------------------------------------------
+
+ADAPTED: list[tuple[dict[str, Any], tuple[str, bool, bool]]] = [
+    ({}, ("paged", True, True)),
+    ({"kv_cache_backend": "contiguous"}, ("contiguous", True, False)),
+    ({"batching_mode": "static"}, ("contiguous", False, False)),
+    ({"use_prefix_caching": False}, ("paged", True, False)),
+    ({"batching_mode": "static", "kv_cache_backend": "contiguous"}, ("contiguous", False, False)),
+    ({"kv_cache_backend": "paged", "use_chunked_prefill": False}, ("paged", False, True)),
+]
+
+
+@pytest.mark.parametrize(("options", "resolved"), ADAPTED, ids=[str(o) for o, _ in ADAPTED])
+def test_fields_left_unset_follow_the_choices_made(
+    options: dict[str, Any], resolved: tuple[str, bool, bool]
+) -> None:
+    """The seeds' one-flag commands (``--kv-cache-backend contiguous``, ``--batching-mode
+    static``) are valid: what the user left unset adapts instead of contradicting them."""
+    config = EngineConfig(**options)
+    assert (config.kv_cache_backend, config.use_chunked_prefill, config.use_prefix_caching) == (
+        resolved
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "reason", "adapted"),
+    [
+        (
+            {"batching_mode": "static"},
+            "batching_mode='static'",
+            "kv_cache_backend='contiguous', use_chunked_prefill=False, use_prefix_caching=False",
+        ),
+        (
+            {"kv_cache_backend": "contiguous"},
+            "kv_cache_backend='contiguous'",
+            "use_prefix_caching=False",
+        ),
+    ],
+)
+def test_adapted_defaults_are_logged_once(
+    options: dict[str, Any], reason: str, adapted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="infer.config"):
+        EngineConfig(**options)
+    assert [r.getMessage() for r in caplog.records] == [f"{reason}: defaulting to {adapted}"]
+
+
+def test_usual_defaults_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="infer.config"):
+        EngineConfig()
+        EngineConfig(kv_cache_backend="paged", use_prefix_caching=False)
+    assert caplog.records == []
+
+
+CONTRADICTIONS: list[tuple[dict[str, Any], str, str]] = [
+    ({"batching_mode": "static", "kv_cache_backend": "paged"}, "kv_cache_backend", "batching_mode"),
+    (
+        {"batching_mode": "static", "use_chunked_prefill": True},
+        "use_chunked_prefill",
+        "batching_mode",
+    ),
+    (
+        {"batching_mode": "static", "use_prefix_caching": True},
+        "use_prefix_caching",
+        "batching_mode",
+    ),
+    (
+        {"kv_cache_backend": "contiguous", "use_prefix_caching": True},
+        "use_prefix_caching",
+        "kv_cache_backend",
+    ),
+    (
+        {"kv_cache_backend": "contiguous", "use_cuda_graphs": True},
+        "use_cuda_graphs",
+        "kv_cache_backend",
+    ),
+    ({"batching_mode": "static", "use_cuda_graphs": True}, "use_cuda_graphs", "batching_mode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "flag", "other"), CONTRADICTIONS, ids=[str(o) for o, _, _ in CONTRADICTIONS]
+)
+def test_explicit_contradictions_name_both_flags(
+    options: dict[str, Any], flag: str, other: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
+        EngineConfig(**options)

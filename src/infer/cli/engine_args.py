@@ -1,7 +1,9 @@
 """Command-line flags for every ``EngineConfig`` field, derived from the dataclass.
 
 ``use_x`` fields become ``--x/--no-x`` (``--chunked-prefill``, ``--prefix-caching``,
-``--cuda-graphs``); the rest become ``--kebab-case`` flags with the field's type.
+``--cuda-graphs``); the rest become ``--kebab-case`` flags with the field's type. A flag
+that is not given stays at the field's default, so the fields that follow other choices
+(``None``) adapt to the flags that were given.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ _HELP = {
     "model": "built-in name (smollm2-135m, llama-3.2-3b, ...), .gguf file, HF directory or Hub id",
     "load_format": "auto | dummy (random weights at the model's shapes) | safetensors | gguf",
     "batching_mode": "static | continuous",
-    "kv_cache_backend": "contiguous | paged",
+    "kv_cache_backend": "contiguous | paged (default: paged; contiguous with static batching)",
+    "use_chunked_prefill": "split long prompts over steps (default: on; off with static batching)",
+    "use_prefix_caching": "reuse cached prompt prefixes (default: on with the paged cache)",
     "num_gpu_blocks": "KV cache blocks (default: sized from free memory)",
     "max_seq_len": "longest sequence, prompt + output (default: model context, max 4096)",
     "use_cuda_graphs": "capture decode steps in CUDA graphs (default: on with CUDA)",
@@ -49,10 +53,13 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
             continue
         base = _base_type(hints[field.name])
         default = field.default
+        # A ``None`` default is explained by the help text (it depends on the machine or
+        # on other flags).
+        shown = "" if default is None else f" (default: {default})"
         kwargs: dict[str, Any] = {
             "dest": field.name,
             "default": default,
-            "help": _HELP.get(field.name, "") + f" (default: {default})",
+            "help": _HELP.get(field.name, "") + shown,
         }
         if base is bool:
             group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, **kwargs)

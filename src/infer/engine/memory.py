@@ -53,7 +53,7 @@ class KVCacheBuilder:
         k, v = allocate_kv_tensors(
             model_config, num_blocks, config.block_size, self.dtype, self.device
         )
-        return PagedKVCachePool(k, v, config.block_size, config.use_prefix_caching)
+        return PagedKVCachePool(k, v, config.block_size, bool(config.use_prefix_caching))
 
     def _available_cache_bytes(self) -> int:
         if self.device.type != "cuda":

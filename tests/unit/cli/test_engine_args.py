@@ -1,0 +1,64 @@
+"""Engine flags: a flag not given leaves its field unset, so the seeds' one-flag commands
+adapt the dependent defaults, and only flags given together that contradict each other fail
+(naming both)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.config import EngineConfig
+
+
+def config_from(argv: list[str]) -> EngineConfig:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return engine_config_from_args(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "resolved"),
+    [
+        ([], ("continuous", "paged", True, True)),
+        (["--kv-cache-backend", "contiguous"], ("continuous", "contiguous", True, False)),
+        (["--batching-mode", "static"], ("static", "contiguous", False, False)),
+        (["--no-prefix-caching"], ("continuous", "paged", True, False)),
+    ],
+)
+def test_flags_not_given_follow_the_flags_given(
+    argv: list[str], resolved: tuple[str, str, bool, bool]
+) -> None:
+    config = config_from(argv)
+    assert (
+        config.batching_mode,
+        config.kv_cache_backend,
+        config.use_chunked_prefill,
+        config.use_prefix_caching,
+    ) == resolved
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "other"),
+    [
+        (
+            ["--batching-mode", "static", "--kv-cache-backend", "paged"],
+            "kv_cache_backend",
+            "batching_mode",
+        ),
+        (
+            ["--batching-mode", "static", "--chunked-prefill"],
+            "use_chunked_prefill",
+            "batching_mode",
+        ),
+        (
+            ["--kv-cache-backend", "contiguous", "--prefix-caching"],
+            "use_prefix_caching",
+            "kv_cache_backend",
+        ),
+    ],
+)
+def test_contradicting_flags_name_both(argv: list[str], flag: str, other: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
+        config_from(argv)
