@@ -119,7 +119,7 @@ class GGUFFile:
                 sliding_window=int(self.field(f"{a}.attention.sliding_window", 512)),
                 sliding_window_pattern=6,
                 rope_local_base_freq=10_000.0,
-                query_pre_attn_scalar=head_dim,
+                query_pre_attn_scalar=_gemma3_query_pre_attn_scalar(config),
                 hidden_activation="gelu_pytorch_tanh",
             )
         return config
@@ -144,6 +144,15 @@ class GGUFFile:
             if self.arch == "gemma3" and name.endswith("norm.weight"):
                 value = value - 1.0
             yield name, value
+
+
+def _gemma3_query_pre_attn_scalar(config: dict[str, Any]) -> int:
+    """The attention scale's divisor, which GGUF metadata does not store: llama.cpp knows
+    27B (62 layers) as the one size scaled by hidden / heads (5376 / 32 = 168, as its
+    config.json says) and every other size by the head dimension (256)."""
+    if config["num_hidden_layers"] == 62:
+        return int(config["hidden_size"] // config["num_attention_heads"])
+    return int(config["head_dim"])
 
 
 def _dequantize(tensor: ReaderTensor) -> np.ndarray:

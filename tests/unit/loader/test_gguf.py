@@ -360,3 +360,35 @@ def test_embedded_smollm2_config(smollm2_llm: LLM) -> None:
     )
     assert (config.head_dim, config.vocab_size) == (64, 49152)
     assert config.eos_token_ids == (2,)
+
+
+# Published Gemma 3 shapes (config.json): layers, hidden, heads, KV heads, head_dim, and the
+# query_pre_attn_scalar transformers scales attention by.
+GEMMA3_SIZES = {
+    "1b": (26, 1152, 4, 1, 256, 256),
+    "4b": (34, 2560, 8, 4, 256, 256),
+    "12b": (48, 3840, 16, 8, 256, 256),
+    "27b": (62, 5376, 32, 16, 128, 168),
+}
+
+
+@pytest.mark.parametrize("size", GEMMA3_SIZES)
+def test_gemma3_attention_scale_matches_transformers_at_every_size(
+    size: str, tiny_gguf: Callable[[str], TinyGGUF], tmp_path: Path
+) -> None:
+    """GGUF metadata has no query_pre_attn_scalar: it must come out as config.json's, which
+    is the head dimension except at 27B (hidden / heads = 168, not 128)."""
+    layers, hidden, heads, kv_heads, head_dim, scalar = GEMMA3_SIZES[size]
+    shape = replace(
+        tiny_gguf("gemma3").config,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
+    embedding = {"token_embd.weight": np.zeros((8, hidden), dtype=np.float32)}
+    path = write(tmp_path / f"gemma-3-{size}.gguf", shape, embedding)
+    config = ModelConfig.from_hf_dict(resolve_model(str(path)).hf_config)
+    assert (config.num_layers, config.head_dim) == (layers, head_dim)
+    assert config.query_pre_attn_scalar == scalar
