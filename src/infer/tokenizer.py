@@ -20,6 +20,9 @@ from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 Message = dict[str, Any]
+# How chat templates spell the end of a turn (Gemma, Llama 3, ChatML: Qwen, SmolLM2). A
+# checkpoint's metadata may omit it (GGUFs without ``eot_token_id``); the vocabulary has it.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>")
 
 
 def cache_dir() -> Path:
@@ -29,13 +32,15 @@ def cache_dir() -> Path:
 
 
 class Tokenizer:
-    """A Hugging Face fast tokenizer plus the model's stop tokens."""
+    """A Hugging Face fast tokenizer plus the model's stop tokens: the checkpoint's, the
+    tokenizer's EOS, and the end-of-turn token whatever the metadata said."""
 
     def __init__(self, hf: PreTrainedTokenizerBase, eos_token_ids: Sequence[int] = ()) -> None:
         self.hf = hf
         ids = set(eos_token_ids)
         if hf.eos_token_id is not None:
             ids.add(int(hf.eos_token_id))
+        ids.update(_end_of_turn_ids(hf))
         self.eos_token_ids: frozenset[int] = frozenset(ids)
 
     @classmethod
@@ -92,6 +97,13 @@ class IncrementalDetokenizer:
         delta = self._stream.step(self._tokenizer, token_id) or ""
         self.text += delta
         return delta
+
+
+def _end_of_turn_ids(hf: PreTrainedTokenizerBase) -> list[int]:
+    """Ids of the end-of-turn tokens the vocabulary has (whole tokens, looked up by their
+    exact spelling; a converted GGUF vocabulary may not mark them as special)."""
+    ids = (hf.backend_tokenizer.token_to_id(token) for token in END_OF_TURN_TOKENS)
+    return [token_id for token_id in ids if token_id is not None]
 
 
 def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:

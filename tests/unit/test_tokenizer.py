@@ -268,3 +268,72 @@ def test_held_back_text_is_released_at_the_end(
     assert final.text == greedy[1].text and "".join(pieces) == final.text
     assert final.finish_reason == greedy[1].finish_reason
     assert pieces[0] == ""  # the first token is shorter than the stop string
+
+
+# --- stop tokens ------------------------------------------------------------------------------
+
+
+def word_tokenizer(words: list[str], special: list[str], eos: str = "</s>") -> Any:
+    """A fast tokenizer whose ids are the positions in ``words + special`` (``special`` added
+    as special tokens, the way HF tokenizer.json files list them)."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate([eos, "<unk>", *words])}
+    rust = RustTokenizer(WordLevel(vocab, unk_token="<unk>"))
+    hf = PreTrainedTokenizerFast(tokenizer_object=rust, eos_token=eos, unk_token="<unk>")
+    hf.add_special_tokens({"additional_special_tokens": special})
+    return hf
+
+
+@pytest.mark.parametrize("end_of_turn", ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"])
+@pytest.mark.parametrize("listed_as", ["special", "vocabulary"])
+def test_end_of_turn_token_stops_whatever_the_metadata_says(
+    end_of_turn: str, listed_as: str
+) -> None:
+    """A chat model stops at its end-of-turn token even when the checkpoint's EOS ids (here
+    only ``</s>``) leave it out, whether the vocabulary marks it special or not (GGUF)."""
+    words = ["hello", "world"]
+    hf = (
+        word_tokenizer(words, [end_of_turn])
+        if listed_as == "special"
+        else word_tokenizer([*words, end_of_turn], [])
+    )
+    end_id = hf.convert_tokens_to_ids(end_of_turn)
+    assert end_id not in (None, hf.unk_token_id)
+    assert Tokenizer(hf, eos_token_ids=[0]).eos_token_ids == {0, end_id}
+
+
+def test_without_an_end_of_turn_token_only_eos_stops() -> None:
+    hf = word_tokenizer(["hello", "<end_of_turn", "eot_id"], ["<|im_start|>"])
+    assert Tokenizer(hf, eos_token_ids=[3]).eos_token_ids == {0, 3}
+
+
+def test_generation_stops_at_the_end_of_turn_token(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """End to end: the tiny model's greedy continuation stops right after the token that the
+    tokenizer spells ``<end_of_turn>``, though config.json's eos id is another."""
+    for file in tiny_checkpoint("llama").iterdir():
+        shutil.copy(file, tmp_path)
+    prompt = list(range(10, 30))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    options: dict[str, Any] = {"device": "cpu", "max_seq_len": 64, "num_gpu_blocks": 16}
+    (free,) = LLM(str(tmp_path), **options).generate([prompt], greedy, use_tqdm=False)
+    continuation = free.outputs[0].token_ids
+    stop_at = next(
+        i for i, t in enumerate(continuation) if i >= 2 and t > 2 and t not in continuation[:i]
+    )
+    assert not {0, 1, 2} & set(continuation[:stop_at])  # no other stop token comes first
+    end_id = continuation[stop_at]
+    words = [f"w{i}" for i in range(2, 320)]  # ids 0 and 1 are </s> and <unk>
+    words[end_id - 2] = "<end_of_turn>"
+    hf = word_tokenizer(words, [])
+    assert hf.convert_tokens_to_ids("<end_of_turn>") == end_id
+    hf.save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), **options)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    (stopped,) = llm.generate([prompt], params, use_tqdm=False)
+    assert stopped.outputs[0].token_ids == continuation[: stop_at + 1]
+    assert stopped.outputs[0].finish_reason == "stop"

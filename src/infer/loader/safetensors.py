@@ -23,6 +23,15 @@ class SafetensorsCheckpoint:
         if not config_path.is_file():
             raise FileNotFoundError(f"{self.directory} has no config.json")
         self.config: dict[str, Any] = json.loads(config_path.read_text())
+        # The generation's stop tokens (Qwen3: <|im_end|> and <|endoftext|>) may be listed
+        # only in generation_config.json; stopping at any of either file's is what
+        # transformers' generate does.
+        generation_path = self.directory / "generation_config.json"
+        if generation_path.is_file():
+            generation = json.loads(generation_path.read_text())
+            stop_ids = _ids(self.config.get("eos_token_id")) + _ids(generation.get("eos_token_id"))
+            if stop_ids:
+                self.config["eos_token_id"] = list(dict.fromkeys(stop_ids))
 
     def shard_files(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
@@ -52,6 +61,13 @@ class SafetensorsCheckpoint:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     yield _strip_wrapper(name), f.get_tensor(name)
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    """A token-id field of a config file (one id, a list, or absent) as a list."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
 def _strip_wrapper(name: str) -> str:

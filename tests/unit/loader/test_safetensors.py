@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from infer.config import ModelConfig
 from infer.loader import load_model, resolve_model
 from infer.models import DecoderModel
 
@@ -261,3 +262,39 @@ def test_broken_checkpoint_names_the_tensor_or_file(
     change(directory)
     with pytest.raises(error, match=message):
         load(directory)
+
+
+@pytest.mark.parametrize(
+    ("config_eos", "generation_eos", "stop_ids"),
+    [
+        (151645, [151645, 151643], (151645, 151643)),  # Qwen3: <|endoftext|> only here
+        ([128001, 128008], 128009, (128001, 128008, 128009)),
+        (None, [1, 106], (1, 106)),
+        (2, None, (2,)),
+    ],
+)
+def test_stop_tokens_include_generation_config(
+    config_eos: int | list[int] | None,
+    generation_eos: int | list[int] | None,
+    stop_ids: tuple[int, ...],
+    tiny_checkpoint: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    """The end-of-turn ids listed in generation_config.json stop generation as they do in
+    transformers, together with config.json's."""
+    config = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": config_eos}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
+    source = resolve_model(str(tmp_path))
+    assert ModelConfig.from_hf_dict(source.hf_config).eos_token_ids == stop_ids
+
+
+def test_without_generation_config_stop_tokens_are_config_json_s(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    config = json.loads((tiny_checkpoint("qwen3") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": [5, 6]}))
+    assert ModelConfig.from_hf_dict(resolve_model(str(tmp_path)).hf_config).eos_token_ids == (
+        5,
+        6,
+    )
