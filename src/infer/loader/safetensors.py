@@ -29,9 +29,10 @@ class SafetensorsCheckpoint:
         generation_path = self.directory / "generation_config.json"
         if generation_path.is_file():
             generation = json.loads(generation_path.read_text())
-            stop_ids = _ids(self.config.get("eos_token_id")) + _ids(generation.get("eos_token_id"))
-            if stop_ids:
-                self.config["eos_token_id"] = list(dict.fromkeys(stop_ids))
+            config_ids = _ids(self.config.get("eos_token_id"))
+            added = [i for i in _ids(generation.get("eos_token_id")) if i not in config_ids]
+            if added:  # otherwise config.json stays as written
+                self.config["eos_token_id"] = list(dict.fromkeys(config_ids + added))
 
     def shard_files(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
