@@ -22,6 +22,7 @@ from infer.server.errors import APIError, install_error_handlers
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from infer.server.retry_after import RetryAfterEstimator
 
 
 def create_app(
@@ -44,8 +45,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         logprobs = LogprobFormatter(engine.prompts.tokenizer)
-        app.state.completions = CompletionServing(engine, model_name, metrics, logprobs)
-        app.state.chat = ChatServing(engine, model_name, metrics, logprobs)
+        retry_after = RetryAfterEstimator()
+        app.state.completions = CompletionServing(
+            engine, model_name, metrics, logprobs, retry_after
+        )
+        app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after)
         # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
         # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine).
         freeze_heap()
@@ -86,8 +90,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if engine.error is not None:
-            raise APIError(503, f"the engine failed: {engine.error}", "server_error")
+        if engine.error is not None:  # why is in the log
+            raise APIError(503, "the engine failed", "server_error")
         if not engine.is_healthy or not engine.accepting:
             raise APIError(503, "the server is not serving (starting or shutting down)",
                            "server_error")  # fmt: skip
