@@ -21,7 +21,21 @@ from infer.server.completions import CompletionServing
 from infer.server.errors import APIError, install_error_handlers
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
-from infer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from infer.server.openapi import (
+    AUTHENTICATED,
+    UNAVAILABLE,
+    generation_responses,
+    install_openapi,
+)
+from infer.server.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
 from infer.server.retry_after import RetryAfterEstimator
 
 
@@ -61,25 +75,34 @@ def create_app(
     app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     install_error_handlers(app)
+    install_openapi(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses=generation_responses(CompletionResponse, CompletionResponse),
+    )
     async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         serving: CompletionServing = raw.app.state.completions
         return await serving.create(body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk),
+    )
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         serving: ChatServing = raw.app.state.chat
         return await serving.create(body, raw)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=AUTHENTICATED)
     async def list_models() -> ModelList:
         card = ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
         return ModelList(data=[card])
 
-    @app.get("/v1/cache/stats")
+    @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:
         """The KV pool's memory metrics (seed 004), read in the engine between steps."""
         try:
@@ -88,7 +111,7 @@ def create_app(
             raise APIError(503, str(exc), "server_error", code="unavailable") from exc
         return JSONResponse(stats)
 
-    @app.get("/health")
+    @app.get("/health", responses=UNAVAILABLE)
     async def health() -> JSONResponse:
         if engine.error is not None:  # why is in the log
             raise APIError(503, "the engine failed", "server_error")

@@ -94,6 +94,7 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0)]
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # JSON object keys are strings
 
 
 class SamplingRequest(_Request):
@@ -113,9 +114,9 @@ class SamplingRequest(_Request):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = Field(
-        None, description="token id (as a string) → bias in [-100, 100] added to its logit"
-    )
+    logit_bias: (
+        Annotated[dict[TokenIdKey, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None
+    ) = Field(None, description="token id (as a string) → bias in [-100, 100] added to its logit")
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
@@ -355,7 +356,4 @@ def _default(value: Any, default: Any) -> Any:
 
 def _token_keys(bias: dict[str, float]) -> dict[int, float]:
     """``logit_bias`` keys are token ids written as JSON strings."""
-    try:
-        return {int(key): value for key, value in bias.items()}
-    except ValueError:
-        raise ValueError("logit_bias: keys must be token ids (integers as strings)") from None
+    return {int(key): value for key, value in bias.items()}
