@@ -108,8 +108,9 @@ class SamplingParams:
 
     def check_for_model(self, vocab_size: int, max_seq_len: int) -> None:
         """The limits that depend on the model: token ids inside its vocabulary, ``top_k``
-        no larger than it, lengths inside its context (``ValueError`` naming the field).
-        Out-of-range ids would otherwise fail the whole batched step they sample in."""
+        no larger than it, ``min_tokens`` inside its context (``ValueError`` naming the
+        field). Out-of-range ids would otherwise fail the whole batched step they sample in.
+        (``max_tokens`` against the prompt's length is the server's check.)"""
         _require(
             self.top_k <= vocab_size,
             "top_k",
@@ -124,11 +125,6 @@ class SamplingParams:
             all(t < vocab_size for t in self.logit_bias),
             "logit_bias",
             f"keys must be token ids in [0, {vocab_size})",
-        )
-        _require(
-            self.max_tokens is None or self.max_tokens < max_seq_len,
-            "max_tokens",
-            f"must be below max_seq_len ({max_seq_len}), got {self.max_tokens}",
         )
         _require(
             self.min_tokens < max_seq_len,

@@ -179,7 +179,6 @@ def test_invalid_sampling_params_name_the_field(field: str, value: object) -> No
         ("stop_token_ids", [VOCAB]),
         ("stop_token_ids", [10**9]),
         ("logit_bias", {VOCAB: 1.0}),
-        ("max_tokens", 64),
         ("min_tokens", 64),
     ],
 )
