@@ -81,8 +81,11 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 
 
 def _is_union_tag(part: str) -> bool:
-    """pydantic names union members in error locations (``list[int]``, ``str``)."""
-    return not part.isdigit() and ("[" in part or part in {"str", "int", "float", "bool"})
+    """pydantic names union members in error locations (``list[int]``, ``str``,
+    ``constrained-str``)."""
+    return not part.isdigit() and (
+        "[" in part or "-" in part or part in {"str", "int", "float", "bool"}
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

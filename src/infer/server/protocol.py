@@ -94,6 +94,9 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0)]
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+PromptBatch = Annotated[list[TokenIds], Field(min_length=1)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # JSON object keys are strings
 
 
@@ -160,7 +163,7 @@ class SamplingRequest(_Request):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    prompt: Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | PromptBatch
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -169,8 +172,6 @@ class CompletionRequest(SamplingRequest):
         prompt = self.prompt
         if isinstance(prompt, str):
             return [prompt]
-        if not prompt:
-            raise ValueError("prompt: must not be empty")
         if isinstance(prompt[0], int):
             return [prompt]
         return prompt
