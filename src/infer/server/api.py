@@ -37,6 +37,7 @@ from infer.server.protocol import (
     ModelList,
 )
 from infer.server.retry_after import RetryAfterEstimator
+from infer.server.serving import unavailable
 
 
 def create_app(
@@ -108,7 +109,7 @@ def create_app(
         try:
             stats = await engine.call("cache_stats")
         except EngineStoppedError as exc:
-            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+            raise unavailable(exc) from exc
         return JSONResponse(stats)
 
     @app.get("/health", responses=UNAVAILABLE)

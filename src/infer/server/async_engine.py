@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Sequences = Sequence[tuple[list[int], SamplingParams]]
 STOP_TIMEOUT_S = 60.0
+ENGINE_FAILED = "the engine failed"
 
 
 class EngineStoppedError(RuntimeError):
@@ -364,8 +365,8 @@ class AsyncEngine:
             self._calls.pop(call_id, None)
 
     def _check_serving(self, accepting: bool = True) -> None:
-        if self.error is not None:  # the details are in the log, not for clients
-            raise EngineStoppedError("the engine failed")
+        if self.error is not None:
+            raise EngineStoppedError(f"{ENGINE_FAILED}: {self.error}")
         if self._process is None or self._stopping or (accepting and not self.accepting):
             raise EngineStoppedError("the server is shutting down")
 
@@ -404,7 +405,7 @@ class AsyncEngine:
         logger.error("the engine stopped serving: %s", message)
         self.error = message
         self.accepting = False
-        error = EngineStoppedError("the engine failed")
+        error = EngineStoppedError(f"{ENGINE_FAILED}: {message}")
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"the engine could not start: {message}"))
         self._fail_all(error)

@@ -24,6 +24,7 @@ from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.server.async_engine import (
+    ENGINE_FAILED,
     AsyncEngine,
     ChoiceUpdate,
     EngineStoppedError,
@@ -177,7 +178,7 @@ class OpenAIServing(ABC):
                 headers={"Retry-After": str(self.retry_after.seconds(excess))},
             ) from exc
         except EngineStoppedError as exc:
-            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+            raise _as_api_error(exc) from exc
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
         return job, ctx
@@ -276,9 +277,17 @@ def _as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, RequestTimeoutError):
         return APIError(504, str(exc), "server_error", code="timeout")
     if isinstance(exc, EngineStoppedError):
-        return APIError(503, str(exc), "server_error", code="unavailable")
+        return unavailable(exc)
     logger.error("a sequence failed: %s", exc)
     return internal_server_error()
+
+
+def unavailable(exc: EngineStoppedError) -> APIError:
+    """A 503 for a server that is not serving; why the engine failed stays in the log."""
+    message = str(exc)
+    if message.startswith(ENGINE_FAILED):
+        message = f"{ENGINE_FAILED} (the server logged why)"
+    return APIError(503, message, "server_error", code="unavailable")
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
