@@ -6,6 +6,7 @@ whole module, configured like the session's offline ``LLM`` it is compared with.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -255,6 +256,44 @@ BAD_INPUTS = [
     ("chat/completions", {"messages": [{"role": "user", "content": "word " * 2100}]}, 400,
      "messages"),
     ("chat/completions", {"messages": QUESTION, "model": "nope"}, 404, "model"),
+    # Values that pass the types but not the model, or that no client should send.
+    ("completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 1,
+                     "stop_token_ids": [1000000000]}, 400, "stop_token_ids"),
+    ("completions", {"prompt": "hi", "stop_token_ids": [49152]}, 400, "stop_token_ids"),
+    ("completions", {"prompt": "hi", "top_k": 9223372036854775808}, 400, "top_k"),
+    ("completions", {"prompt": "hi", "top_k": 49153}, 400, "top_k"),
+    ("completions", {"prompt": "hi", "temperature": 1e9}, 400, "temperature"),
+    ("completions", b'{"prompt": "hi", "temperature": Infinity}', 400, "temperature"),
+    ("completions", b'{"prompt": "hi", "top_p": NaN}', 400, "top_p"),
+    ("completions", {"prompt": "hi", "seed": 2**64}, 400, "seed"),
+    ("completions", {"prompt": "hi", "min_tokens": 5000, "max_tokens": None}, 400, "min_tokens"),
+    ("completions", {"prompt": "hi", "logit_bias": {"49152": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias.5"),
+    ("completions", {"prompt": "hi", "logit_bias": {"five": 1}}, 400, "logit_bias.five"),
+    ("completions", {"prompt": "hi", "stop": ["x"] * 65}, 400, "stop"),
+    ("completions", {"prompt": [-1]}, 400, "prompt"),
+    ("chat/completions", {"messages": QUESTION, "logprobs": True, "top_logprobs": 100}, 400,
+     "top_logprobs"),
+    ("chat/completions", {"messages": QUESTION, "max_tokens": None, "min_tokens": 4096}, 400,
+     "min_tokens"),
+]  # fmt: skip
+
+# Every field the server does not honour is refused by name (never a silent 200).
+UNSUPPORTED = [
+    ("chat/completions", "response_format",
+     {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+    ("chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("chat/completions", "tool_choice", "required"),
+    ("chat/completions", "functions", [{"name": "f"}]),
+    ("chat/completions", "modalities", ["text", "audio"]),
+    ("chat/completions", "reasoning_effort", "high"),
+    ("chat/completions", "prediction", {"type": "content", "content": "Paris"}),
+    ("chat/completions", "service_tier", "flex"),
+    ("chat/completions", "store", True),
+    ("chat/completions", "surprise", 1),
+    ("completions", "best_of", 2),
+    ("completions", "echo", True),
+    ("completions", "suffix", "!"),
 ]  # fmt: skip
 
 
@@ -302,6 +341,102 @@ def test_bad_inputs_do_not_disturb_a_running_stream(
             assert _post(url, endpoint, body).status_code == status
     thread.join()
     assert texts == [offline["completions"][1].text]
+
+
+@pytest.mark.parametrize(("endpoint", "field", "value"), UNSUPPORTED)
+def test_fields_the_server_does_not_honour_are_refused_by_name(
+    url: str, endpoint: str, field: str, value: Any
+) -> None:
+    body = {"prompt": "hi"} if endpoint == "completions" else {"messages": QUESTION}
+    response = _post(url, endpoint, {**body, "max_tokens": 2, field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}: ")
+
+
+def test_unsupported_fields_asking_for_the_default_pass(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=2, store=False, tools=[],
+        response_format={"type": "text"}, service_tier="auto", modalities=["text"],
+    )  # fmt: skip
+    assert response.choices[0].message.content
+    completion = client.completions.create(
+        model="smollm2-135m", prompt="hi", max_tokens=2, echo=False, best_of=1
+    )
+    assert completion.choices[0].text is not None
+    tool_reply = {"role": "assistant", "content": "Paris", "tool_calls": [{"id": "1"}]}
+    refused = _post(url_of(client), "chat/completions", {"messages": [*QUESTION, tool_reply]})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages.1.tool_calls"
+
+
+def url_of(client: openai.OpenAI) -> str:
+    return str(client.base_url).removesuffix("/").removesuffix("/v1")
+
+
+def test_logit_bias_bans_and_forces_tokens(url: str) -> None:
+    def token_ids(**fields: Any) -> list[int]:
+        body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0,
+                "return_token_ids": True, **fields}  # fmt: skip
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        ids: list[int] = response.json()["choices"][0]["token_ids"]
+        return ids
+
+    greedy = token_ids()
+    banned = token_ids(logit_bias={str(greedy[0]): -100})
+    assert greedy[0] not in banned
+    assert token_ids(logit_bias={"42": 100}) == [42] * 4
+
+
+def test_openapi_document_says_what_the_server_does(url: str) -> None:
+    document = httpx.get(f"{url}/openapi.json").json()
+    assert '"422"' not in httpx.get(f"{url}/openapi.json").text
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = document["paths"][path]["post"]["responses"]
+        for status in ("400", "401", "404", "500", "503"):
+            schema = responses[status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+        assert "Retry-After" in responses["503"]["headers"]
+        assert "text/event-stream" in responses["200"]["content"]
+    assert "503" in document["paths"]["/health"]["get"]["responses"]
+    request = document["components"]["schemas"]["ChatCompletionRequest"]
+    assert request["additionalProperties"] is False
+    temperature = request["properties"]["temperature"]["anyOf"][0]
+    assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
+    assert request["properties"]["top_logprobs"]["anyOf"][0]["maximum"] == 20
+
+
+def test_method_not_allowed_names_the_allowed_methods(url: str) -> None:
+    response = httpx.get(f"{url}/v1/completions")
+    assert response.status_code == 405 and response.headers["Allow"] == "POST"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_connection_idle_for_6_seconds_is_reused(url: str) -> None:
+    """Clients drop idle connections after 5 s (httpx); the server keeps them longer, so a
+    client never reuses one that the server is closing at that moment."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        for _ in range(2):
+            conn.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert _read_response(conn).startswith(b"HTTP/1.1 200")
+            time.sleep(6.0)
+
+
+def _read_response(conn: socket.socket) -> bytes:
+    conn.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))  # fmt: skip
+    while len(body) < length:
+        body += conn.recv(4096)
+    return data
 
 
 def test_unknown_routes_and_methods(url: str) -> None:

@@ -40,6 +40,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are "
         "aborted (default: 10)",
     )
+    http.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=30,
+        help="seconds an idle keep-alive connection stays open (default: 30; longer than "
+        "clients keep theirs, so they never reuse one the server is closing)",
+    )
+    http.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=None,
+        help="most open connections; a request beyond them gets a 503 (default: "
+        "max_batch_size + max_waiting_requests + 256)",
+    )
+    http.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a connection gets to send a whole request (headers and body), or "
+        "its first one after opening; slower ones are closed (default: 30)",
+    )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     add_engine_args(parser)
     parser.set_defaults(handler=run)
@@ -58,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
+        timeout_keep_alive=args.timeout_keep_alive,
+        limit_concurrency=args.limit_concurrency,
+        request_read_timeout=args.request_read_timeout,
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()

@@ -102,6 +102,7 @@ class Engine:
         ``ValueError`` for bad input and ``QueueFullError`` when the queue is full."""
         params = params or SamplingParams()
         token_ids = self.encode_prompt(prompt)
+        params.check_for_model(self.model_config.vocab_size, self.max_seq_len)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")

@@ -62,6 +62,7 @@ class Request:
             and not params.needs_penalties
             and params.logprobs is None
             and params.min_tokens == 0
+            and not params.logit_bias
         )
 
     @property

@@ -1,4 +1,5 @@
-"""Batched sampling on the device: penalties, temperature, min-p, top-k, top-p, seeds.
+"""Batched sampling on the device: logit bias, penalties, temperature, min-p, top-k, top-p,
+seeds.
 
 Each row draws its randomness from a counter-based hash of (its seed, how many tokens it has
 generated, the vocabulary index), so a seeded request samples the same tokens whatever else
@@ -51,6 +52,7 @@ class SamplingBatch:
     use_top_p: bool
     use_min_p: bool
     penalties: _Penalties | None
+    bias: _LogitBias | None
     banned: tuple[Tensor, Tensor] | None  # (rows, token ids) that must not be sampled yet
     num_logprobs: int | None  # top alternatives to report (None: no logprobs this step)
 
@@ -82,6 +84,7 @@ class SamplingBatch:
             use_top_p=any(p.top_p < 1.0 for p in params),
             use_min_p=any(p.min_p > 0.0 for p in params),
             penalties=_Penalties.build(requests, vocab_size, device),
+            bias=_LogitBias.build(requests, device),
             banned=_banned_tokens(requests, device),
             num_logprobs=max(requested) if requested else None,
         )
@@ -129,6 +132,39 @@ class _Penalties:
         return logits - self.frequency * self.output_counts
 
 
+@dataclass
+class _LogitBias:
+    """Each request's ``logit_bias`` as (row, token id, bias) triples, added to the logits
+    before anything else (as OpenAI defines it): -100 all but bans a token, +100 all but
+    forces it."""
+
+    rows: Tensor  # [E] int64
+    token_ids: Tensor  # [E] int64
+    values: Tensor  # [E] float32
+
+    @classmethod
+    def build(cls, requests: list[Request], device: torch.device) -> _LogitBias | None:
+        rows: list[int] = []
+        token_ids: list[int] = []
+        values: list[float] = []
+        for i, r in enumerate(requests):
+            bias = r.params.logit_bias
+            if bias:
+                rows += [i] * len(bias)
+                token_ids += bias.keys()
+                values += bias.values()
+        if not rows:
+            return None
+        return cls(
+            torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+            torch.tensor(token_ids, dtype=torch.int64).to(device, non_blocking=True),
+            torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True),
+        )
+
+    def apply(self, logits: Tensor) -> Tensor:
+        return logits.index_put((self.rows, self.token_ids), self.values, accumulate=True)
+
+
 def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
     width = max((len(r) for r in rows), default=0) or 1
     table = torch.full((len(rows), width), pad, dtype=torch.int64)
@@ -164,6 +200,8 @@ class SamplerOutput:
 def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     """Pick one token per row of ``logits [B, V]`` (float32)."""
     raw = logits
+    if batch.bias is not None:
+        logits = batch.bias.apply(logits)
     if batch.banned is not None:
         logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     if batch.penalties is not None:

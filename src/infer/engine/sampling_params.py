@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on each ``logit_bias`` value
 
 
 @dataclass
@@ -26,6 +29,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # also return this many top alternatives per token
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id → added to its logit
     skip_special_tokens: bool = True
     detokenize: bool = True
 
@@ -34,9 +38,14 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        self.logit_bias = dict(self.logit_bias)
         self.validate()
 
     def validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):  # fmt: skip
+            value = getattr(self, name)
+            _require(math.isfinite(value), name, f"must be a finite number, got {value}")
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
         _require(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
@@ -85,6 +94,42 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= 20,
             "logprobs",
             f"must be in [0, 20], got {self.logprobs}",
+        )
+        _require(
+            all(isinstance(t, int) and t >= 0 for t in self.logit_bias),
+            "logit_bias",
+            "keys must be non-negative token ids",
+        )
+        _require(
+            all(math.isfinite(b) and abs(b) <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
+            "logit_bias",
+            f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+        )
+
+    def check_for_model(self, vocab_size: int, max_seq_len: int) -> None:
+        """The limits that depend on the model: token ids inside its vocabulary, ``top_k``
+        no larger than it, ``min_tokens`` inside its context (``ValueError`` naming the
+        field). Out-of-range ids would otherwise fail the whole batched step they sample in.
+        (``max_tokens`` against the prompt's length is the server's check.)"""
+        _require(
+            self.top_k <= vocab_size,
+            "top_k",
+            f"must be at most the vocabulary size ({vocab_size}), got {self.top_k}",
+        )
+        _require(
+            all(t < vocab_size for t in self.stop_token_ids),
+            "stop_token_ids",
+            f"token ids must be in [0, {vocab_size})",
+        )
+        _require(
+            all(t < vocab_size for t in self.logit_bias),
+            "logit_bias",
+            f"keys must be token ids in [0, {vocab_size})",
+        )
+        _require(
+            self.min_tokens < max_seq_len,
+            "min_tokens",
+            f"must be below max_seq_len ({max_seq_len}), got {self.min_tokens}",
         )
 
     def nth_sample(self, index: int) -> SamplingParams:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from infer import __version__
@@ -21,7 +21,23 @@ from infer.server.completions import CompletionServing
 from infer.server.errors import APIError, install_error_handlers
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
-from infer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from infer.server.openapi import (
+    AUTHENTICATED,
+    UNAVAILABLE,
+    generation_responses,
+    install_openapi,
+)
+from infer.server.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from infer.server.retry_after import RetryAfterEstimator
+from infer.server.serving import unavailable
 
 
 def create_app(
@@ -44,8 +60,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         logprobs = LogprobFormatter(engine.prompts.tokenizer)
-        app.state.completions = CompletionServing(engine, model_name, metrics, logprobs)
-        app.state.chat = ChatServing(engine, model_name, metrics, logprobs)
+        retry_after = RetryAfterEstimator()
+        app.state.completions = CompletionServing(
+            engine, model_name, metrics, logprobs, retry_after
+        )
+        app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after)
         # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
         # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine).
         freeze_heap()
@@ -57,43 +76,52 @@ def create_app(
     app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     install_error_handlers(app)
+    install_openapi(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses=generation_responses(CompletionResponse, CompletionResponse),
+    )
     async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         serving: CompletionServing = raw.app.state.completions
         return await serving.create(body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses=generation_responses(ChatCompletionResponse, ChatCompletionChunk),
+    )
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         serving: ChatServing = raw.app.state.chat
         return await serving.create(body, raw)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=AUTHENTICATED)
     async def list_models() -> ModelList:
         card = ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
         return ModelList(data=[card])
 
-    @app.get("/v1/cache/stats")
+    @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:
         """The KV pool's memory metrics (seed 004), read in the engine between steps."""
         try:
             stats = await engine.call("cache_stats")
         except EngineStoppedError as exc:
-            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+            raise unavailable(exc) from exc
         return JSONResponse(stats)
 
-    @app.get("/health")
+    @app.get("/health", responses=UNAVAILABLE)
     async def health() -> JSONResponse:
-        if engine.error is not None:
-            raise APIError(503, f"the engine failed: {engine.error}", "server_error")
+        if engine.error is not None:  # why is in the log
+            raise APIError(503, "the engine failed", "server_error")
         if not engine.is_healthy or not engine.accepting:
             raise APIError(503, "the server is not serving (starting or shutting down)",
                            "server_error")  # fmt: skip
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Sequences = Sequence[tuple[list[int], SamplingParams]]
 STOP_TIMEOUT_S = 60.0
+ENGINE_FAILED = "the engine failed"
 
 
 class EngineStoppedError(RuntimeError):
@@ -286,6 +287,11 @@ class AsyncEngine:
         return self.error is None and process is not None and process.is_alive()
 
     @property
+    def outstanding(self) -> int:
+        """Sequences submitted and not yet released (what ``capacity`` bounds)."""
+        return self._outstanding
+
+    @property
     def info(self) -> EngineInfo:
         assert self._info is not None, "the engine has not started"
         return self._info
@@ -360,7 +366,7 @@ class AsyncEngine:
 
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
-            raise EngineStoppedError(f"the engine failed: {self.error}")
+            raise EngineStoppedError(f"{ENGINE_FAILED}: {self.error}")
         if self._process is None or self._stopping or (accepting and not self.accepting):
             raise EngineStoppedError("the server is shutting down")
 
@@ -399,7 +405,7 @@ class AsyncEngine:
         logger.error("the engine stopped serving: %s", message)
         self.error = message
         self.accepting = False
-        error = EngineStoppedError(f"the engine failed: {message}")
+        error = EngineStoppedError(f"{ENGINE_FAILED}: {message}")
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"the engine could not start: {message}"))
         self._fail_all(error)

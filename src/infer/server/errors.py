@@ -1,7 +1,9 @@
 """OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
 
 Validation failures are 400s (FastAPI's default is 422, which OpenAI clients do not
-expect), and a ``ValueError`` whose message starts with ``field:`` names that field.
+expect), and a ``ValueError`` whose message starts with ``field:`` names that field. An
+unexpected exception is a 500 with a generic message: its details go to the log, never to
+the client.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from infer.server.protocol import ErrorInfo, ErrorResponse
+from infer.server.protocol import ErrorInfo, ErrorResponse, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,11 @@ class APIError(Exception):
         )
 
 
+def internal_server_error() -> APIError:
+    """What a client sees of a failure inside the server (the log has the details)."""
+    return APIError(500, "internal server error (the server logged the details)", "server_error")
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     """The first pydantic error as a 400 naming the field (``messages.0.content``)."""
     error = exc.errors()[0]
@@ -66,13 +73,19 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not loc:
         return APIError(400, f"request body: {error.get('msg')}")
     param = ".".join(part for part in loc if not _is_union_tag(part)) or None
-    message = f"{param}: {error.get('msg')}" if param else str(error.get("msg"))
+    reason = error.get("msg")
+    if error.get("type") == "extra_forbidden":
+        reason = unsupported_reason(loc[-1])
+    message = f"{param}: {reason}" if param else str(reason)
     return APIError(400, message, param=param)
 
 
 def _is_union_tag(part: str) -> bool:
-    """pydantic names union members in error locations (``list[int]``, ``str``)."""
-    return not part.isdigit() and ("[" in part or part in {"str", "int", "float", "bool"})
+    """pydantic names union members in error locations (``list[int]``, ``str``,
+    ``constrained-str``)."""
+    return not part.isdigit() and (
+        "[" in part or "-" in part or part in {"str", "int", "float", "bool"}
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -87,11 +100,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), kind).response()
+        return APIError(
+            exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})
+        ).response()
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
-        return APIError(500, f"internal server error: {exc}", "server_error").response()
+        return internal_server_error().response()
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)

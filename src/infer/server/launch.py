@@ -5,6 +5,10 @@ On SIGINT/SIGTERM uvicorn stops accepting connections and waits for open ones. W
 stop taking new requests (503), give in-flight ones ``shutdown_timeout`` seconds to finish,
 then abort the rest: their streams end with an error event and ``[DONE]``, non-streamed
 requests get a 503, and the engine frees their blocks before its process exits.
+
+The port is bound when the server is built, before the model loads, so a busy port fails
+at once. Idle keep-alive connections live ``timeout_keep_alive`` seconds: longer than
+clients keep theirs (httpx: 5 s), so a client never reuses one the server is closing.
 """
 
 from __future__ import annotations
@@ -25,17 +29,38 @@ import uvicorn
 from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.async_engine import AsyncEngine
+from infer.server.connections import ServerConfig
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
+DEFAULT_KEEP_ALIVE_S = 30
+DEFAULT_REQUEST_READ_TIMEOUT_S = 30.0
+# Connections beyond the engine's capacity: health checks, metrics, idle keep-alive ones.
+_SPARE_CONNECTIONS = 256
 _STARTED = re.compile(r"Uvicorn running on (http://\S+:\d+)")
 
 
 class Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, shutdown_timeout: float):
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine: AsyncEngine,
+        shutdown_timeout: float,
+        listener: socket.socket,
+    ):
         super().__init__(config)
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
+        self.listener = listener
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        super().run(sockets or [self.listener])
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets is not None:
+            # uvicorn leaves this to whoever bound the sockets (spawn_server reads it).
+            self._log_started_message(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         drain = asyncio.create_task(self.engine.drain(self.shutdown_timeout))
@@ -52,22 +77,62 @@ def build_server(
     request_timeout: float | None = None,
     shutdown_timeout: float = 10.0,
     log_level: str = "info",
+    timeout_keep_alive: int = DEFAULT_KEEP_ALIVE_S,
+    limit_concurrency: int | None = None,
+    request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
 ) -> Server:
-    """A server for the model of ``engine_config``; ``.run()`` starts the engine process,
-    serves, and returns after a signal (or ``should_exit``) and a graceful shutdown."""
+    """A server for the model of ``engine_config``, its port already bound; ``.run()``
+    starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
+    graceful shutdown.
+
+    ``limit_concurrency`` bounds open connections (beyond it, 503); None: the engine's
+    capacity (``max_batch_size + max_waiting_requests``) plus ``_SPARE_CONNECTIONS``.
+    ``request_read_timeout`` bounds how long a connection may take to send a request."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout: must be >= 0 seconds, got {shutdown_timeout}")
+    if timeout_keep_alive < 1:
+        raise ValueError(f"timeout_keep_alive: must be >= 1 second, got {timeout_keep_alive}")
+    if limit_concurrency is not None and limit_concurrency < 1:
+        raise ValueError(f"limit_concurrency: must be >= 1, got {limit_concurrency}")
+    if request_read_timeout <= 0:
+        raise ValueError(f"request_read_timeout: must be > 0 seconds, got {request_read_timeout}")
+    if limit_concurrency is None:
+        capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
+        limit_concurrency = capacity + _SPARE_CONNECTIONS
+    listener = _bind(host, port)
     app = create_app(engine_config, served_model_name, api_key, request_timeout)
-    config = uvicorn.Config(
+    config = ServerConfig(
         app,
+        request_read_timeout=request_read_timeout,
+        connection_limit=limit_concurrency,
         host=host,
         port=port,
         log_level=log_level,
+        timeout_keep_alive=timeout_keep_alive,
         timeout_graceful_shutdown=int(shutdown_timeout + _UVICORN_GRACE_S),
     )
-    return Server(config, app.state.engine, shutdown_timeout)
+    return Server(config, app.state.engine, shutdown_timeout, listener)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's listening address, bound now (``ValueError`` naming the port when it
+    is taken) and listened on once the model is loaded."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ValueError(f"host: cannot listen on {host!r}: {exc}") from exc
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        raise ValueError(f"port: cannot bind {host}:{port}: {exc.strerror}") from exc
+    return listener
 
 
 @contextmanager

@@ -1,29 +1,103 @@
 """OpenAI request and response bodies (pydantic), as the official ``openai`` client sends
 and parses them, plus vLLM's sampling extensions (``top_k``, ``min_p``, ...).
 
-Requests are strict (``"0.5"`` is not a number, ``1`` is not ``true``) and unknown fields
-are ignored, as vLLM does. Range checks live in ``SamplingParams``; the server turns its
-``ValueError`` into a 400 naming the field.
+Requests are strict (``"0.5"`` is not a number, ``1`` is not ``true``, ``Infinity`` is not a
+number) and carry their ranges, so the OpenAPI document states them. A field the server does
+not honour is never ignored: ``UNSUPPORTED_FIELDS`` says why it is refused, and any other
+unknown field is refused too (a 400 naming it). Limits that depend on the model (vocabulary,
+context) are checked by ``SamplingParams.check_for_model``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
 MAX_N = 128
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Why the server refuses a field, and the values it takes anyway because they ask for
+    what it does regardless (``"store": false``)."""
+
+    reason: str
+    harmless: tuple[Any, ...] = ()
+
+
+_TOOLS = "tool calling is not supported yet"
+# The one list of OpenAI fields this server does not honour. Remove an entry when its
+# field is implemented (declared on a request model).
+UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
+    "response_format": Unsupported("structured outputs are not supported yet", ({"type": "text"},)),
+    "tools": Unsupported(_TOOLS, ([],)),
+    "tool_choice": Unsupported(_TOOLS, ("none",)),
+    "functions": Unsupported(_TOOLS, ([],)),
+    "function_call": Unsupported(_TOOLS, ("none",)),
+    "parallel_tool_calls": Unsupported(_TOOLS, (True, False)),
+    "tool_calls": Unsupported(_TOOLS, ([],)),
+    "tool_call_id": Unsupported(_TOOLS),
+    "best_of": Unsupported("not supported (use n)", (1,)),
+    "echo": Unsupported("not supported", (False,)),
+    "suffix": Unsupported("not supported", ("",)),
+    "modalities": Unsupported("only text output is supported", (["text"],)),
+    "audio": Unsupported("audio output is not supported"),
+    "reasoning_effort": Unsupported("not supported by this server"),
+    "prediction": Unsupported("predicted outputs are not supported"),
+    "service_tier": Unsupported("not supported by this server", ("auto", "default")),
+    "store": Unsupported("stored completions are not supported", (False,)),
+    "metadata": Unsupported("stored completions are not supported"),
+    "web_search_options": Unsupported("web search is not supported"),
+}
+
+
+def unsupported_reason(field: str) -> str:
+    """Why an unknown field is refused (the message of its 400)."""
+    known = UNSUPPORTED_FIELDS.get(field)
+    return known.reason if known is not None else "unknown field"
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_harmless_unsupported(cls, data: Any) -> Any:
+        """Unsupported fields that ask for the default (``null`` or a harmless value) pass;
+        any other value of them is refused as an unknown field."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            name: value
+            for name, value in data.items()
+            if name in cls.model_fields
+            or name not in UNSUPPORTED_FIELDS
+            or not (value is None or value in UNSUPPORTED_FIELDS[name].harmless)
+        }
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+TokenId = Annotated[int, Field(ge=0)]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+PromptBatch = Annotated[list[TokenIds], Field(min_length=1)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # JSON object keys are strings
 
 
 class SamplingRequest(_Request):
@@ -31,18 +105,23 @@ class SamplingRequest(_Request):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(
+        None, ge=-1, description="0 or -1: no limit; at most the vocabulary size"
+    )
+    min_p: Probability | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    logit_bias: (
+        Annotated[dict[TokenIdKey, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None
+    ) = Field(None, description="token id (as a string) → bias in [-100, 100] added to its logit")
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -78,32 +157,21 @@ class SamplingRequest(_Request):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            logit_bias=_token_keys(self.logit_bias or {}),
             skip_special_tokens=self.skip_special_tokens,
         )
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | PromptBatch
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-
-    @model_validator(mode="after")
-    def _supported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo: not supported")
-        if self.suffix:
-            raise ValueError("suffix: not supported")
-        return self
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def prompts(self) -> list[str] | list[list[int]]:
         """One entry per prompt: a string or a list of token ids."""
         prompt = self.prompt
         if isinstance(prompt, str):
             return [prompt]
-        if not prompt:
-            raise ValueError("prompt: must not be empty")
         if isinstance(prompt[0], int):
             return [prompt]
         return prompt
@@ -120,12 +188,16 @@ class ChatMessage(_Request):
     name: str | None = None
 
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it (text parts joined; developer = system)."""
+        """The message as chat templates expect it (text parts joined; developer = system;
+        ``name`` passed on for templates that use it)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        message = {"role": role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -133,7 +205,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -281,3 +353,8 @@ class ErrorResponse(_Response):
 
 def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+def _token_keys(bias: dict[str, float]) -> dict[int, float]:
+    """``logit_bias`` keys are token ids written as JSON strings."""
+    return {int(key): value for key, value in bias.items()}

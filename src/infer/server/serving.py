@@ -8,6 +8,7 @@ name, types and ranges, prompt encoding and length. Nothing invalid reaches the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -23,18 +24,21 @@ from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.server.async_engine import (
+    ENGINE_FAILED,
     AsyncEngine,
     ChoiceUpdate,
     EngineStoppedError,
     Job,
     RequestTimeoutError,
 )
-from infer.server.errors import APIError
+from infer.server.errors import APIError, internal_server_error
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.protocol import SamplingRequest, Usage
+from infer.server.retry_after import RetryAfterEstimator
 
-RETRY_AFTER_S = 1
+logger = logging.getLogger(__name__)
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -79,11 +83,13 @@ class OpenAIServing(ABC):
         model_name: str,
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,
+        retry_after: RetryAfterEstimator,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.metrics = metrics
         self.logprobs = logprobs
+        self.retry_after = retry_after
         self.max_seq_len = engine.info.max_seq_len
         # Longer prompts fail at encoding (max_seq_len); this is the pool's capacity.
         self.max_prompt_tokens = engine.info.kv_capacity_tokens
@@ -130,6 +136,7 @@ class OpenAIServing(ABC):
         if not job.closed:
             job.close()
             self.metrics.observe(job)
+            self.retry_after.record_finished(len(job.request_ids))
 
     async def _submit(self, request: SamplingRequest) -> tuple[Job, Context]:
         if request.model is not None and request.model != self.model_name:
@@ -142,6 +149,7 @@ class OpenAIServing(ABC):
             )
         try:
             params = self.sampling_params(request)
+            params.check_for_model(self.engine.info.vocab_size, self.max_seq_len)
             prompts = await self.encode(request)
             self._check_lengths(prompts, params.max_tokens)
         except ValueError as exc:
@@ -161,15 +169,16 @@ class OpenAIServing(ABC):
         try:
             job = self.engine.submit(ctx.request_id, sequences)
         except QueueFullError as exc:
+            excess = self.engine.outstanding + len(sequences) - self.engine.capacity
             raise APIError(
                 503,
                 f"The server is overloaded ({exc}); retry later",
                 "server_error",
                 code="queue_full",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
+                headers={"Retry-After": str(self.retry_after.seconds(excess))},
             ) from exc
         except EngineStoppedError as exc:
-            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
+            raise _as_api_error(exc) from exc
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
         return job, ctx
@@ -268,8 +277,17 @@ def _as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, RequestTimeoutError):
         return APIError(504, str(exc), "server_error", code="timeout")
     if isinstance(exc, EngineStoppedError):
-        return APIError(503, str(exc), "server_error", code="unavailable")
-    return APIError(500, str(exc), "server_error")
+        return unavailable(exc)
+    logger.error("a sequence failed: %s", exc)
+    return internal_server_error()
+
+
+def unavailable(exc: EngineStoppedError) -> APIError:
+    """A 503 for a server that is not serving; why the engine failed stays in the log."""
+    message = str(exc)
+    if message.startswith(ENGINE_FAILED):
+        message = f"{ENGINE_FAILED} (the server logged why)"
+    return APIError(503, message, "server_error", code="unavailable")
 
 
 async def _wait_for_disconnect(raw: Request) -> None:

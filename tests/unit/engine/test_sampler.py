@@ -117,6 +117,30 @@ def test_logprobs_of_the_sampled_token_and_the_top_alternatives() -> None:
     assert (out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all()
 
 
+def test_logit_bias_bans_and_forces_tokens_of_its_own_row_only() -> None:
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 4] = 5.0  # everyone's favourite
+    banned = _request(SamplingParams(temperature=0, logit_bias={4: -100.0}))
+    forced = _request(SamplingParams(temperature=1.0, logit_bias={9: 100.0}), seed=3)
+    plain = _request(SamplingParams(temperature=0))
+    out = _sample(logits, [banned, forced, plain])
+    assert out.token_ids.tolist()[1:] == [9, 4]
+    assert out.token_ids[0].item() != 4
+
+
+def test_logit_bias_is_added_to_the_logits_before_sampling() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 1], logits[0, 2] = 3.0, 2.0
+    nudged = _request(SamplingParams(temperature=0, logit_bias={2: 1.5, 1: -0.1}))
+    assert _sample(logits, [nudged]).token_ids.item() == 2  # 3.0 - 0.1 < 2.0 + 1.5
+    penalised = _request(
+        SamplingParams(temperature=0, logit_bias={2: 0.5}, repetition_penalty=2.0), output=[2]
+    )
+    assert _sample(logits, [penalised]).token_ids.item() == 1  # (2.0 + 0.5) / 2 < 3.0
+    requests = [_request(SamplingParams(logit_bias={7: 100.0}), seed=s) for s in range(50)]
+    assert set(_sample(logits.expand(50, -1), requests).token_ids.tolist()) == {7}
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -134,11 +158,41 @@ def test_logprobs_of_the_sampled_token_and_the_top_alternatives() -> None:
         ("logprobs", 21),
         ("stop", [""]),
         ("stop_token_ids", [-1]),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {5: 100.5}),
+        ("logit_bias", {5: float("nan")}),
+        ("temperature", float("inf")),
+        ("top_p", float("nan")),
+        ("presence_penalty", float("-inf")),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", VOCAB + 1),
+        ("top_k", 2**63),
+        ("stop_token_ids", [VOCAB]),
+        ("stop_token_ids", [10**9]),
+        ("logit_bias", {VOCAB: 1.0}),
+        ("min_tokens", 64),
+    ],
+)
+def test_limits_of_the_model_name_the_field(field: str, value: object) -> None:
+    params = SamplingParams(**{"max_tokens": None, field: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        params.check_for_model(VOCAB, max_seq_len=64)
+
+
+def test_the_edges_of_the_model_are_allowed() -> None:
+    SamplingParams(
+        top_k=VOCAB, stop_token_ids=[VOCAB - 1], logit_bias={0: -100, VOCAB - 1: 100},
+        max_tokens=63, min_tokens=63,
+    ).check_for_model(VOCAB, max_seq_len=64)  # fmt: skip
 
 
 def test_min_tokens_cannot_exceed_max_tokens() -> None:
