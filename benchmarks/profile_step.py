@@ -24,7 +24,7 @@ def main() -> None:
         engine.add_request(torch.randint(1000, 20000, (256,), generator=generator).tolist(), params)
     timeline = []
     while engine.scheduler.waiting or any(
-        r.num_computed < r.num_prompt_tokens for r in engine.scheduler.running
+        engine.scheduler.num_computed(r) < r.num_prompt_tokens for r in engine.scheduler.running
     ):
         torch.cuda.synchronize()
         begin_step = time.perf_counter()

@@ -64,9 +64,7 @@ def _assert_no_leaks(llm: LLM) -> None:
     pool = llm.engine.pool
     assert pool.audit_blocks() == []
     assert pool.used_blocks() == 0
-    assert pool.free_slot_count() == (
-        pool.num_blocks if pool.is_paged() else llm.config.max_batch_size
-    )
+    assert pool.stats().free_blocks == pool.num_blocks
     assert llm.cache_stats()["leaked_blocks"] == 0
 
 

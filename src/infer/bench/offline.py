@@ -18,7 +18,6 @@ from infer.bench.metrics import RequestMetrics, RunResult
 from infer.bench.workloads import Workload
 from infer.engine.engine import Engine
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError
 from infer.heap import frozen_heap
 
 
@@ -74,12 +73,9 @@ def _drive(engine: Engine, workload: Workload, tag: str, progress: bool) -> list
                     temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True
                 )
                 arrival = time.perf_counter() - start
-                try:
-                    request_id = engine.add_request(
-                        spec.prompt_token_ids, params, request_id=f"{tag}-{index}"
-                    )
-                except QueueFullError:
-                    break
+                request_id = engine.add_request(
+                    spec.prompt_token_ids, params, request_id=f"{tag}-{index}"
+                )
                 pending.popleft()
                 metrics[request_id] = RequestMetrics(len(spec.prompt_token_ids), arrival)
             if not engine.has_unfinished_requests():

@@ -73,7 +73,9 @@ class PagedKVCachePool:
         return math.ceil(tokens / self.block_size)
 
     # --- sequence lifecycle ----------------------------------------------------------
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         keys = block_keys(token_ids, self.block_size) if self.prefix is not None else []
@@ -81,10 +83,7 @@ class PagedKVCachePool:
         needed = max(self._blocks_for(initial_tokens) - len(hits), 0)
         reclaimed = sum(1 for b in hits if self.allocator.ref_count(b) == 0)
         if needed > self.allocator.num_free() - reclaimed:
-            raise RuntimeError(
-                f"Cannot allocate {needed} blocks: only "
-                f"{self.allocator.num_free() - reclaimed} free"
-            )
+            return None
         for block in hits:
             self.allocator.share(block, owner=seq_id)
         self.page_tables[seq_id] = hits + self.allocator.allocate(needed, owner=seq_id)
@@ -93,7 +92,7 @@ class PagedKVCachePool:
         self._block_keys[seq_id] = keys[: len(hits)]
         return seq_id
 
-    def free_slot(self, seq_id: int) -> None:
+    def free_sequence(self, seq_id: int) -> None:
         blocks = self.page_tables.pop(seq_id)
         del self.seq_lens[seq_id]
         del self._block_keys[seq_id]
@@ -133,10 +132,6 @@ class PagedKVCachePool:
         self.allocator.free([block], owner=seq_id)
         return copy
 
-    def commit(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> None:
-        self.advance(seq_id, num_tokens)
-        self.index_blocks(seq_id, token_ids)
-
     def advance(self, seq_id: int, num_tokens: int) -> None:
         self.seq_lens[seq_id] += num_tokens
 
@@ -162,12 +157,6 @@ class PagedKVCachePool:
             self.prefix.remove(block)
 
     # --- capacity ------------------------------------------------------------------------
-    def active_seq_count(self) -> int:
-        return len(self.page_tables)
-
-    def free_slot_count(self) -> int:
-        return self.allocator.num_free()
-
     def used_blocks(self) -> int:
         return self.allocator.num_allocated()
 

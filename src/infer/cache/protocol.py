@@ -35,47 +35,41 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
 
     num_blocks: int
 
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
-        """Start a sequence with room for ``initial_tokens``; returns its slot id.
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
+        """Start a sequence with room for ``initial_tokens``; returns its id, or None when
+        the pool cannot hold it (no partial state is left behind).
 
         With prefix caching, ``token_ids`` (the prompt) is matched against cached blocks
-        and ``get_seq_len`` of the new slot says how many tokens need no computing.
-        ``RuntimeError`` when the pool cannot hold it (no partial state is left behind).
+        and ``get_seq_len`` of the new sequence says how many tokens need no computing.
         """
         ...
 
-    def free_slot(self, slot: int) -> None:
+    def free_sequence(self, seq_id: int) -> None:
         """Release a sequence's blocks (cached ones stay reusable). ``KeyError`` if unknown."""
         ...
 
-    def get_seq_len(self, slot: int) -> int:
+    def get_seq_len(self, seq_id: int) -> int:
         """Tokens of the sequence whose K/V is in the cache."""
         ...
 
-    def block_table(self, slot: int) -> list[int]:
+    def block_table(self, seq_id: int) -> list[int]:
         """Physical blocks of the sequence, in logical order."""
         ...
 
-    def prepare_append(self, slot: int, num_tokens: int) -> bool:
+    def prepare_append(self, seq_id: int, num_tokens: int) -> bool:
         """Make the next ``num_tokens`` positions writable (new blocks, copy-on-write of
         shared ones). False, changing nothing, when there are not enough free blocks."""
         ...
 
-    def advance(self, slot: int, num_tokens: int) -> None:
+    def advance(self, seq_id: int, num_tokens: int) -> None:
         """Record that ``num_tokens`` more are computed (their K/V is being written)."""
         ...
 
-    def index_blocks(self, slot: int, token_ids: Sequence[int]) -> None:
+    def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """Offer the sequence's newly completed blocks for prefix sharing; ``token_ids`` must
         be known up to the computed length."""
-        ...
-
-    def commit(self, slot: int, num_tokens: int, token_ids: Sequence[int]) -> None:
-        """``advance`` then ``index_blocks``, for when the tokens are known at once."""
-        ...
-
-    def free_slot_count(self) -> int:
-        """Free slots (contiguous) or free blocks, a bound on new sequences (paged)."""
         ...
 
     def used_blocks(self) -> int:

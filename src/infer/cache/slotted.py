@@ -48,11 +48,11 @@ class SlottedKVCache(PagedKVCachePool):
     def is_paged(self) -> bool:
         return False
 
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
-        if initial_tokens > self.max_seq_len:
-            raise RuntimeError(f"{initial_tokens} tokens exceed a slot's {self.max_seq_len}")
-        if not self._free_slots:
-            raise RuntimeError("No free cache slots available")
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
+        if initial_tokens > self.max_seq_len or not self._free_slots:
+            return None
         slot = self._free_slots.pop()
         first = slot * self.blocks_per_slot
         blocks = list(range(first, first + self.blocks_per_slot))
@@ -62,15 +62,12 @@ class SlottedKVCache(PagedKVCachePool):
         self._block_keys[slot] = []
         return slot
 
-    def free_slot(self, slot: int) -> None:
-        super().free_slot(slot)
+    def free_sequence(self, slot: int) -> None:
+        super().free_sequence(slot)
         self._free_slots.append(slot)
 
     def prepare_append(self, slot: int, num_tokens: int) -> bool:
         return self.seq_lens[slot] + num_tokens <= self.max_seq_len
-
-    def free_slot_count(self) -> int:
-        return len(self._free_slots)
 
     def free_token_capacity(self) -> int | None:
         return None

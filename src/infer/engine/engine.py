@@ -11,22 +11,18 @@ import itertools
 import logging
 import os
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from torch import Tensor
 
 from infer.config import EngineConfig, ModelConfig
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
-from infer.engine.output import record_token, request_output
+from infer.engine.output import request_output
 from infer.engine.prompts import Prompt, PromptEncoder
-from infer.engine.request import PENDING_TOKEN, Request, RequestOutput, TokenLogprob
+from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.warmup import warm_up_kernels
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
@@ -36,14 +32,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Inflight:
-    """A launched step whose samples the host has not processed yet."""
+    """A launched step whose samples the host has not collected yet."""
 
     scheduled: SchedulerOutput
     launched: LaunchedStep | None
-    decode_only: bool
-
-    def requests(self) -> list[Request]:
-        return [c.request for c in self.scheduled.chunks]
 
 
 class Engine:
@@ -98,8 +90,8 @@ class Engine:
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
-        """Queue one sequence (``params.n`` is expanded by the callers). Raises
-        ``ValueError`` for bad input and ``QueueFullError`` when the queue is full."""
+        """Queue one sequence (``params.n`` is expanded by the callers); ``ValueError`` for
+        bad input. The queue is not bounded here: the server bounds its intake itself."""
         params = params or SamplingParams()
         token_ids = self.encode_prompt(prompt)
         params.check_for_model(self.model_config.vocab_size, self.max_seq_len)
@@ -118,7 +110,7 @@ class Engine:
         request = Request(
             request_id, list(token_ids), len(token_ids), params, seed, frozenset(eos), detokenizer
         )
-        self.scheduler.add_request(request)
+        self.scheduler.add_request(request, bounded=False)
         self._requests[request_id] = request
         return request_id
 
@@ -143,151 +135,66 @@ class Engine:
 
     # --- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the progress of every request that produced output.
+        """One engine step: schedule → launch → collect → update; returns the progress of
+        every request that produced output.
 
-        With ``use_async_scheduling``, a decode step that only continues the step in flight is
-        queued on the device *before* the in-flight step's tokens are processed, so the host's
-        bookkeeping overlaps the GPU's work; its outputs are then reported one call later.
+        With ``use_async_scheduling``, the decode step that continues a decode step is
+        scheduled and launched before that one's tokens are collected, so the host's
+        bookkeeping overlaps the device's work; the next call collects it.
         """
-        inflight, self._inflight = self._inflight, None
-        involved = [] if inflight is None else inflight.requests()
         outputs: list[RequestOutput] = []
+        current, self._inflight = self._inflight, None
+        involved = [] if current is None else current.scheduled.requests()
         try:
-            if inflight is not None:
-                self._inflight = self._launch_ahead(inflight)
-                if self._inflight is not None:
-                    involved += self._inflight.requests()
-                outputs += self._complete(inflight)
-                if self._inflight is not None:
-                    return self._reported(outputs)
-            self.scheduler.retire()
-            scheduled = self.scheduler.schedule()
-            outputs += [self._output(r, [], []) for r in self.scheduler.take_failed()]
-            if scheduled.chunks:
-                involved += [c.request for c in scheduled.chunks]
-                launched = self._launch(scheduled)
-                if self.config.use_async_scheduling and launched.decode_only:
-                    self._inflight = launched
-                else:
-                    outputs += self._complete(launched)
-        except Exception as exc:  # these requests fail; the engine keeps serving the others
+            if current is None:
+                scheduled = self.scheduler.schedule()
+                outputs += [self._output(r) for r in scheduled.failed]
+                if not scheduled.chunks:
+                    return outputs
+                involved = scheduled.requests()
+                current = self._launch(scheduled)
+            if self.config.use_async_scheduling and current.launched is not None:
+                ahead = self.scheduler.schedule_ahead(current.scheduled)
+                if ahead is not None:
+                    involved += ahead.requests()
+                    self._inflight = self._launch(ahead, current.launched)
+            result = self.runner.collect(current.launched)
+            for new in self.scheduler.update(current.scheduled, result):
+                logprobs = [] if new.logprob is None else [new.logprob]
+                outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
+        except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
             self._inflight = None
-            outputs += self._fail(involved, exc)
-        return self._reported(outputs)
-
-    def _reported(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+            failed = self.scheduler.recover(involved, f"{type(exc).__name__}: {exc}")
+            outputs += [self._output(r) for r in failed]
+        self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
 
-    def _fail(self, requests: list[Request], exc: Exception) -> list[RequestOutput]:
-        """Finish the requests of a failed step with the error; ``retire`` frees them."""
-        message = f"{type(exc).__name__}: {exc}"
-        failed = list({id(r): r for r in requests if not r.is_finished}.values())
-        for request in failed:
-            del request.token_ids[request.num_tokens - request.pending_tokens :]
-            request.pending_tokens = 0
-            request.finish("error", message)
-        return [self._output(r, [], []) for r in failed]
-
-    def _launch(self, scheduled: SchedulerOutput, input_ids: Tensor | None = None) -> Inflight:
-        """Queue a step on the device and account for its tokens; samples stay pending."""
-        decode_only = scheduled.is_decode_only
-        launched = self.runner.launch(scheduled.chunks, input_ids)
+    def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
+        """Queue a step on the device; its samples stay there until collected."""
         for chunk in scheduled.chunks:
-            request = chunk.request
-            assert request.slot is not None
-            if request.num_output_tokens == 0:
+            if chunk.request.num_output_tokens == 0:
                 self.num_prompt_tokens += chunk.num_tokens
-            request.num_computed += chunk.num_tokens
-            self.pool.advance(request.slot, chunk.num_tokens)
-        for request in launched.requests if launched else []:
-            request.token_ids.append(PENDING_TOKEN)
-            request.pending_tokens += 1
-        return Inflight(scheduled, launched, decode_only)
-
-    def _launch_ahead(self, inflight: Inflight) -> Inflight | None:
-        """The next decode step of the in-flight one's requests, fed from its device tokens;
-        None when the next step needs the host first (admissions, preemption, penalties)."""
-        previous = inflight.launched
-        if previous is None or not inflight.decode_only or self.scheduler.waiting:
-            return None
-        self.scheduler.retire()
-        members = {id(r) for r in previous.requests}
-        if any(id(r) not in members for r in self.scheduler.running if not r.is_finished):
-            return None
-        rows = [
-            i
-            for i, r in enumerate(previous.requests)
-            if not r.is_finished and not self._ends_by_length(r)
-        ]
-        requests = [previous.requests[i] for i in rows]
-        if not requests or any(r.params.needs_penalties for r in requests):
-            return None
-        if not all(self.pool.prepare_append(r.slot, 1) for r in requests):  # type: ignore[arg-type]
-            return None
-        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        chunks = [ScheduledChunk(r, 1) for r in requests]
-        return self._launch(SchedulerOutput(chunks), previous.token_ids[index])
-
-    def _ends_by_length(self, request: Request) -> bool:
-        """Whether the request's pending token is its last one (known before it is)."""
-        limit = request.params.max_tokens
-        return (limit is not None and request.num_output_tokens >= limit) or (
-            request.num_tokens >= self.max_seq_len
-        )
-
-    def _complete(self, inflight: Inflight) -> list[RequestOutput]:
-        """Wait for a launched step's samples and turn them into tokens, text and outputs."""
-        outputs = []
-        launched = inflight.launched
-        if launched is not None:
-            result = self.runner.collect(launched)
-            now = time.perf_counter()
-            for request, token_id, logprob in zip(
-                launched.requests, result.token_ids, result.logprobs
-            ):
-                if request.is_finished:  # aborted, or stopped while this step was queued
-                    continue
-                position = request.num_tokens - request.pending_tokens
-                request.token_ids[position] = token_id
-                request.pending_tokens -= 1
-                if logprob is not None:
-                    request.logprobs.append(logprob)
-                self.num_generated_tokens += 1
-                new_text = record_token(request, token_id, now, self.max_seq_len)
-                if request.is_finished:  # drop a token queued after its end
-                    del request.token_ids[position + 1 :]
-                    request.pending_tokens = 0
-                outputs.append(
-                    self._output(request, [token_id], [logprob] if logprob else [], new_text)
-                )
-        for chunk in inflight.scheduled.chunks:
-            request = chunk.request
-            if request.slot is not None:
-                # Pending tokens sit at or past the computed length, which is all it reads.
-                self.pool.index_blocks(request.slot, request.token_ids)
-        return outputs
+        return Inflight(scheduled, self.runner.launch(scheduled, previous))
 
     def _output(
         self,
         request: Request,
-        new_ids: list[int],
-        new_logprobs: list[TokenLogprob],
+        new_ids: list[int] | None = None,
+        new_logprobs: list[TokenLogprob] | None = None,
         new_text: str = "",
     ) -> RequestOutput:
         if request.is_finished:
             self._requests.pop(request.request_id, None)
-        return request_output(request, new_ids, new_logprobs, new_text)
+        return request_output(request, new_ids or [], new_logprobs or [], new_text)
 
     # --- introspection ---------------------------------------------------------------------
     def utilization(self) -> float:
         return self.pool.used_blocks() / self.pool.num_blocks
 
     def cache_stats(self) -> dict[str, float | int | str]:
-        stats = self.pool.stats()
-        stats.preemptions = self.scheduler.preemptions
-        return stats.as_dict()
+        return {**self.pool.stats().as_dict(), "preemptions": self.scheduler.preemptions}
 
 
 def _torch_attention_forced() -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -14,7 +13,6 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message
 
@@ -94,22 +92,20 @@ class LLM:
         use_tqdm: bool,
     ) -> list[GenerationResult]:
         params = _per_prompt(sampling_params, len(prompts))
-        pending: deque[tuple[str, list[int], SamplingParams]] = deque()
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            for j in range(p.n):
-                child = p if p.n == 1 else p.nth_sample(j)
-                pending.append((f"{i}:{j}", prompt, child))
+        added: list[str] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                for j in range(p.n):
+                    child = p if p.n == 1 else p.nth_sample(j)
+                    added.append(self.engine.add_request(prompt, child, request_id=f"{i}:{j}"))
+        except ValueError:  # a bad prompt fails the call before anything runs
+            for request_id in added:
+                self.engine.abort(request_id)
+            raise
         finished: dict[str, RequestOutput] = {}
-        total = len(pending)
+        total = sum(p.n for p in params)
         with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
-            while pending or self.engine.has_unfinished_requests():
-                while pending:
-                    request_id, prompt, p = pending[0]
-                    try:
-                        self.engine.add_request(prompt, p, request_id=request_id)
-                    except QueueFullError:
-                        break
-                    pending.popleft()
+            while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished:
                         finished[out.request_id] = out

@@ -6,22 +6,19 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 
 
 def record_token(request: Request, token_id: int, now: float, max_seq_len: int) -> str:
-    """Account a sampled token (already in ``token_ids``), detokenise it and apply the stop
-    rules (stop tokens, stop strings, ``max_tokens``, ``max_seq_len``); returns the new text
-    that may be streamed."""
+    """Append a sampled token, detokenise it and apply the stop rules (stop tokens, stop
+    strings, ``max_tokens``, ``max_seq_len``); returns the new text that may be streamed."""
+    request.token_ids.append(token_id)
     if request.first_token_time is None:
         request.first_token_time = now
     request.token_times.append(now)
     params = request.params
     if request.detokenizer is not None:
         request.text += request.detokenizer.add(token_id)
-    produced = request.num_output_tokens - request.pending_tokens
-    stopped = token_id in request.stop_token_ids and produced >= params.min_tokens
+    stopped = token_id in request.stop_token_ids and request.num_output_tokens >= params.min_tokens
     if stopped or (params.stop and _cut_at_stop_string(request)):
         request.finish("stop")
-    elif (params.max_tokens is not None and produced >= params.max_tokens) or (
-        request.num_tokens - request.pending_tokens >= max_seq_len
-    ):
+    elif request.reaches_length(request.num_tokens, max_seq_len):
         request.finish("length")
     return _releasable_text(request)
 

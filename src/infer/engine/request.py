@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 from infer.engine.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
 
-# Stands in ``Request.token_ids`` for a sampled token still on its way from the device.
-PENDING_TOKEN = -1
-
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
@@ -40,10 +37,11 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     state: RequestState = RequestState.WAITING
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    slot: int | None = None
-    num_computed: int = 0  # tokens of prompt + output whose K/V is cached
+    seq_id: int | None = None  # its sequence in the cache pool, while it holds cache
     num_preemptions: int = 0
-    pending_tokens: int = 0  # trailing PENDING_TOKEN entries of token_ids
+    num_placeholders: int = 0  # sampled tokens still on the device, not yet in token_ids
+    num_failed_steps: int = 0  # engine steps it was part of that raised
+    suspect: bool = False  # was in a failed step: runs alone until it samples again
     text: str = ""
     emitted_text_len: int = 0  # characters already streamed to the caller
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
@@ -67,7 +65,13 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
+        """Known tokens: the prompt and the outputs the host has seen."""
         return len(self.token_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Known tokens plus the sampled ones still on the device: what the next step extends."""
+        return len(self.token_ids) + self.num_placeholders
 
     @property
     def num_output_tokens(self) -> int:
@@ -82,13 +86,15 @@ class Request:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def prefill_progress(self) -> int:
-        """Prompt tokens computed so far (the seeds' chunked-prefill progress)."""
-        return min(self.num_computed, self.num_prompt_tokens)
-
-    @property
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
+
+    def reaches_length(self, num_tokens: int, max_seq_len: int) -> bool:
+        """Whether ``num_tokens`` in all are as many as ``max_tokens`` or the context allow."""
+        limit = self.params.max_tokens
+        return (
+            limit is not None and num_tokens - self.num_prompt_tokens >= limit
+        ) or num_tokens >= max_seq_len
 
     def finish(self, reason: str, error: str | None = None) -> None:
         self.state = RequestState.FINISHED

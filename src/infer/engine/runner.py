@@ -18,16 +18,8 @@ from infer.cache.protocol import CachePoolProtocol
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, sample
-from infer.engine.scheduler import ScheduledChunk
+from infer.engine.scheduler import SchedulerOutput, StepResult
 from infer.models import DecoderModel
-
-
-@dataclass
-class StepResult:
-    """Sampled tokens of the chunks that reached the end of their sequence, in order."""
-
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
 
 
 @dataclass
@@ -60,20 +52,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(
-        self, chunks: list[ScheduledChunk], input_ids: Tensor | None = None
+        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
     ) -> LaunchedStep | None:
         """Queue the step's forward pass and sampling; returns None when no row samples.
 
-        ``input_ids`` (on the device) replaces the tokens of a decode-only step whose inputs
-        are the previous step's samples, not yet known to the host.
+        A step scheduled ahead takes its input tokens from ``previous``'s samples on the
+        device (``scheduled.previous_rows``); the host does not know them yet.
         """
+        chunks = scheduled.chunks
         sequences = []
         for chunk in chunks:
             request = chunk.request
-            assert request.slot is not None
-            start = request.num_computed
-            tokens = request.token_ids[start : start + chunk.num_tokens]
-            sequences.append(ScheduledSequence(self.pool.block_table(request.slot), start, tokens))
+            assert request.seq_id is not None
+            end = chunk.start + chunk.num_tokens
+            tokens = request.token_ids[chunk.start : end]
+            tokens += [0] * (chunk.num_tokens - len(tokens))  # placeholders
+            table = self.pool.block_table(request.seq_id)
+            sequences.append(ScheduledSequence(table, chunk.start, tokens))
+        input_ids = None
+        if scheduled.previous_rows is not None:
+            assert previous is not None
+            rows = torch.tensor(scheduled.previous_rows, dtype=torch.int64)
+            input_ids = previous.token_ids[rows.to(self.device, non_blocking=True)]
         sampling = [c.request for c in chunks if c.samples]
         logits = self._logits(sequences, [c.samples for c in chunks], input_ids)
         if not sampling:
@@ -86,8 +86,10 @@ class ModelRunner:
             )
         return _copy_to_host(out, sampling)
 
-    def collect(self, launched: LaunchedStep) -> StepResult:
+    def collect(self, launched: LaunchedStep | None) -> StepResult:
         """Wait for the step's samples and return them (the step's one synchronisation)."""
+        if launched is None:  # no row sampled
+            return StepResult([], [])
         if launched.done is not None:
             launched.done.synchronize()
         return _results(launched)

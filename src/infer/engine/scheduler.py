@@ -1,22 +1,40 @@
-"""Decides, each step, how many tokens of which requests run.
+"""Decides, each step, how many tokens of which requests run, and accounts for what ran.
 
-Order of a step: ``retire`` (free the finished) → ``schedule``: running requests first,
-oldest first (a decode token each, or the next prefill chunk), then admission of waiting
-requests while the compute budget (``max_batch_size``, ``max_num_batched_tokens``) and the
-token budget (free cache minus the generation reserve) allow. When a running request needs a
-block and none is free, the newest running request is preempted: its blocks are freed and it
-is re-queued at the front, to be recomputed later. Static batching admits a new batch only
-when the previous one has finished.
+``schedule``: retire the finished (freeing their cache) → running requests first, oldest
+first (a decode token each, or the next prefill chunk) → admission of waiting requests while
+the compute budget (``max_batch_size``, ``max_num_batched_tokens``) and the token budget
+(free cache minus the generation reserve) allow. When a running request needs a block and
+none is free, the newest running request is preempted: its blocks are freed and it is
+re-queued at the front, to be recomputed later. Static batching admits a new batch only
+when the previous one has finished. Scheduled tokens count as computed at once (their K/V
+is being written), so the pool's length of a sequence is the one place that says how much
+of it is cached.
+
+``update``: after the forward pass, each sampled token is appended, the stop rules run, and
+the sequence's newly full blocks are offered for prefix sharing.
+
+``schedule_ahead`` (async scheduling): the next decode step of a decode step in flight,
+decided before its tokens reach the host. Each such token is a *placeholder*
+(``Request.num_placeholders``) until ``update`` replaces it with the sampled one.
+
+A step that raised is handed back with ``recover``: its requests are recomputed, and each
+runs alone until it samples again, so the request that makes steps fail is found and only it
+gets the error.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
-from infer.engine.request import Request, RequestState
+from infer.engine.output import record_token
+from infer.engine.request import Request, RequestState, TokenLogprob
+
+# A request in this many failed steps is failed, even where it never failed alone.
+MAX_FAILED_STEPS = 3
 
 
 class QueueFullError(RuntimeError):
@@ -25,21 +43,23 @@ class QueueFullError(RuntimeError):
 
 @dataclass
 class ScheduledChunk:
-    """``num_tokens`` tokens of ``request`` computed in this step."""
+    """``num_tokens`` tokens of ``request`` from position ``start`` computed in this step;
+    ``samples``: they reach the end of the sequence, so a token is sampled."""
 
     request: Request
+    start: int
     num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the end of the sequence, so a token is sampled."""
-        return self.request.num_computed + self.num_tokens == self.request.num_tokens
+    samples: bool
 
 
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # finished at admission
+    # Scheduled ahead: row i's input token is row ``previous_rows[i]`` of the samples of
+    # the step in flight (still on the device).
+    previous_rows: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -48,6 +68,27 @@ class SchedulerOutput:
     @property
     def is_decode_only(self) -> bool:
         return all(c.num_tokens == 1 and c.samples for c in self.chunks)
+
+    def requests(self) -> list[Request]:
+        return [c.request for c in self.chunks]
+
+
+@dataclass(slots=True)
+class SampledToken:
+    """A token ``update`` accepted, with the text it released for streaming."""
+
+    request: Request
+    token_id: int
+    logprob: TokenLogprob | None
+    text: str
+
+
+@dataclass
+class StepResult:
+    """Sampled tokens of the chunks that sample, in order."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
 
 
 class Scheduler:
@@ -58,17 +99,20 @@ class Scheduler:
         self.token_budget = config.resolved_max_num_batched_tokens(max_seq_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.failed: list[Request] = []  # finished at admission, for the engine to report
         self.preemptions = 0
 
     # --- queue ---------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_waiting_requests:
+    def add_request(self, request: Request, *, bounded: bool = True) -> None:
+        """Queue a request. ``bounded``: refuse it with ``QueueFullError`` when
+        ``max_waiting_requests`` wait already; callers that own their requests' lifetime
+        (``LLM.generate``, the benchmarks, the server's engine process, whose API process
+        bounds intake) queue beyond it."""
+        if bounded and len(self.waiting) >= self.config.max_waiting_requests:
             raise QueueFullError(f"{len(self.waiting)} requests are waiting (max_waiting_requests)")
         self.waiting.append(request)
 
     def abort(self, request_id: str) -> Request | None:
-        """Finish a request as aborted; its blocks are freed by the next ``retire``."""
+        """Finish a request as aborted; its blocks are freed by the next ``schedule``."""
         for request in [*self.running, *self.waiting]:
             if request.request_id == request_id and not request.is_finished:
                 request.finish("abort")
@@ -77,25 +121,21 @@ class Scheduler:
                 return request
         return None
 
-    def take_failed(self) -> list[Request]:
-        failed, self.failed = self.failed, []
-        return failed
-
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    # --- the step ------------------------------------------------------------------------
-    def retire(self) -> list[Request]:
-        """Drop finished requests from the running set and free their cache."""
-        retired = [r for r in self.running if r.is_finished]
-        if retired:
-            self.running = [r for r in self.running if not r.is_finished]
-            for request in retired:
-                self._release(request)
-        return retired
+    def num_computed(self, request: Request) -> int:
+        """Tokens of the request whose K/V is cached (or being written by a step)."""
+        return 0 if request.seq_id is None else self.pool.get_seq_len(request.seq_id)
 
+    # --- before the forward pass -----------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """The next step; nothing may be in flight (every placeholder resolved)."""
+        self.retire()
         out = SchedulerOutput()
+        suspect = next((r for r in [*self.running, *self.waiting] if r.suspect), None)
+        if suspect is not None and self._schedule_alone(suspect, out):
+            return out
         budget = self.token_budget
         prefills = 0
         for request in list(self.running):
@@ -106,15 +146,69 @@ class Scheduler:
                 continue
             if not self._make_room(request, num_tokens, out):
                 continue
-            out.chunks.append(ScheduledChunk(request, num_tokens))
+            self._add_chunk(out, request, num_tokens)
             budget -= num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills)
         return out
 
+    def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
+        """The decode step that continues ``previous`` (a decode step in flight), fed from its
+        samples on the device; None when the next step needs the host first (admissions,
+        preemption, penalties, a request joining or ending by length)."""
+        if not previous.is_decode_only or self.waiting:
+            return None
+        self.retire()
+        members = {id(r) for r in previous.requests()}
+        if any(id(r) not in members for r in self.running):
+            return None
+        rows = [
+            i
+            for i, r in enumerate(previous.requests())
+            if not r.is_finished and not r.reaches_length(r.num_scheduled_tokens, self.max_seq_len)
+        ]
+        requests = [previous.chunks[i].request for i in rows]
+        if not requests or any(r.params.needs_penalties for r in requests):
+            return None
+        if not all(self.pool.prepare_append(r.seq_id, 1) for r in requests):  # type: ignore[arg-type]
+            return None
+        out = SchedulerOutput(previous_rows=rows)
+        for request in requests:
+            self._add_chunk(out, request, 1)
+        return out
+
+    def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
+        assert request.seq_id is not None
+        start = self.pool.get_seq_len(request.seq_id)
+        samples = start + num_tokens == request.num_scheduled_tokens
+        out.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
+        self.pool.advance(request.seq_id, num_tokens)
+        request.num_placeholders += samples
+
+    def _schedule_alone(self, request: Request, out: SchedulerOutput) -> bool:
+        """Schedule only ``request`` (a suspect of a failed step); False if it cannot run."""
+        if request.state is RequestState.WAITING:
+            if not self._start(request):
+                return False
+            self.waiting.remove(request)
+            self.running.append(request)
+        num_tokens = self._tokens_to_run(request, self.token_budget, 0)
+        if num_tokens == 0 or not self.pool.prepare_append(request.seq_id, num_tokens):  # type: ignore[arg-type]
+            return False
+        self._add_chunk(out, request, num_tokens)
+        return True
+
+    def retire(self) -> None:
+        """Drop finished requests from the running set and free their cache."""
+        if any(r.is_finished for r in self.running):
+            retired = [r for r in self.running if r.is_finished]
+            self.running = [r for r in self.running if not r.is_finished]
+            for request in retired:
+                self._release(request)
+
     def _tokens_to_run(self, request: Request, budget: int, prefills: int) -> int:
-        remaining = request.num_tokens - request.num_computed
+        remaining = request.num_scheduled_tokens - self.num_computed(request)
         if remaining <= 1:
             return remaining
         cap = self.config.max_prefill_chunks_per_step
@@ -126,28 +220,29 @@ class Scheduler:
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for the request's next tokens, preempting the newest requests."""
-        assert request.slot is not None
-        while not self.pool.prepare_append(request.slot, num_tokens):
+        assert request.seq_id is not None
+        while not self.pool.prepare_append(request.seq_id, num_tokens):
             victim = self.running[-1]
-            self._preempt(victim)
+            self._requeue(victim)
+            self.preemptions += 1
             out.preempted.append(victim)
             if victim is request:
                 return False
         return True
 
-    def _preempt(self, request: Request) -> None:
+    def _requeue(self, request: Request) -> None:
+        """Free the request's cache and queue it at the front, to be recomputed."""
         self.running.remove(request)
         self._release(request)
         request.state = RequestState.WAITING
-        request.num_computed = 0
         request.num_preemptions += 1
-        self.preemptions += 1
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:
-        if request.slot is not None:
-            self.pool.free_slot(request.slot)
-            request.slot = None
+        request.num_placeholders = 0
+        if request.seq_id is not None:
+            self.pool.free_sequence(request.seq_id)
+            request.seq_id = None
 
     def _may_admit(self) -> bool:
         if self.config.batching_mode == "static":
@@ -172,31 +267,82 @@ class Scheduler:
                 if not self.running:  # alone and still too big: it can never run
                     self.waiting.popleft()
                     request.finish("error", "the KV cache is too small for this request")
-                    self.failed.append(request)
+                    out.failed.append(request)
                 break
             self.waiting.popleft()
             self.running.append(request)
             num_tokens = self._tokens_to_run(request, budget, prefills)
             if num_tokens == 0:
                 continue
-            out.chunks.append(ScheduledChunk(request, num_tokens))
+            self._add_chunk(out, request, num_tokens)
             budget -= num_tokens
             prefills += num_tokens > 1
             if admissible is not None:
                 admissible -= request.num_tokens
 
     def _start(self, request: Request) -> bool:
-        """Give a waiting request its slot (prefix hits included) and its prompt's blocks."""
+        """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
-        try:
-            slot = self.pool.allocate_slot(0, tokens)
-        except RuntimeError:
+        seq_id = self.pool.allocate_sequence(0, tokens)
+        if seq_id is None:
             return False
-        computed = self.pool.get_seq_len(slot)
-        if not self.pool.prepare_append(slot, len(tokens) - computed):
-            self.pool.free_slot(slot)
+        computed = self.pool.get_seq_len(seq_id)
+        if not self.pool.prepare_append(seq_id, len(tokens) - computed):
+            self.pool.free_sequence(seq_id)
             return False
-        request.slot = slot
-        request.num_computed = computed
+        request.seq_id = seq_id
         request.state = RequestState.RUNNING
         return True
+
+    # --- after the forward pass -------------------------------------------------------------
+    def update(self, scheduled: SchedulerOutput, result: StepResult) -> list[SampledToken]:
+        """Account a collected step: each sampled token replaces its placeholder, is
+        detokenised and checked against the stop rules; completed blocks become shareable.
+        Tokens of requests that ended while the step was in flight are dropped."""
+        now = time.perf_counter()
+        sampled = [c.request for c in scheduled.chunks if c.samples]
+        accepted = []
+        for request, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
+            if request.is_finished:
+                continue
+            request.num_placeholders -= 1
+            if request.suspect:
+                request.suspect = False  # it ran a whole step alone without failing
+            if logprob is not None:
+                request.logprobs.append(logprob)
+            text = record_token(request, token_id, now, self.max_seq_len)
+            if request.is_finished:
+                request.num_placeholders = 0  # a token queued after its end is not wanted
+            accepted.append(SampledToken(request, token_id, logprob, text))
+        for chunk in scheduled.chunks:
+            request = chunk.request
+            if request.seq_id is not None and not request.is_finished:
+                # Placeholders sit at or past the computed length, which is all it reads.
+                self.pool.index_blocks(request.seq_id, request.token_ids)
+        return accepted
+
+    def recover(self, requests: list[Request], error: str) -> list[Request]:
+        """Take back the requests of a step that raised; returns those that fail for it.
+
+        A request that was alone in the step, or in ``MAX_FAILED_STEPS`` failed steps, is
+        the cause and finishes with ``error``; the others are recomputed, each alone first.
+        """
+        alive = list({id(r): r for r in requests if not r.is_finished}.values())
+        failed = []
+        for request in alive:
+            request.num_failed_steps += 1
+            if len(alive) == 1 or request.num_failed_steps >= MAX_FAILED_STEPS:
+                self._retire_now(request)
+                request.finish("error", error)
+                failed.append(request)
+            else:
+                self._requeue(request)
+                request.suspect = True
+        return failed
+
+    def _retire_now(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)

@@ -39,16 +39,19 @@ class FirstFitPool(TableMeasures, PagedKVCachePool):
         self.refusals = RefusalLog()
         self._is_free = np.ones(num_blocks, dtype=bool)
 
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
-        seq_id = super().allocate_slot(0, token_ids)  # an empty sequence: no blocks yet
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
+        seq_id = super().allocate_sequence(0, token_ids)  # an empty sequence: no blocks yet
+        assert seq_id is not None
         if initial_tokens and not self.prepare_append(seq_id, initial_tokens):
-            self.free_slot(seq_id)
-            raise RuntimeError(f"no run of free blocks holds {initial_tokens} tokens")
+            self.free_sequence(seq_id)  # no run of free blocks holds them
+            return None
         return seq_id
 
-    def free_slot(self, seq_id: int) -> None:
+    def free_sequence(self, seq_id: int) -> None:
         self._is_free[self.page_tables[seq_id]] = True
-        super().free_slot(seq_id)
+        super().free_sequence(seq_id)
 
     def prepare_append(self, seq_id: int, num_tokens: int) -> bool:
         table = self.page_tables[seq_id]

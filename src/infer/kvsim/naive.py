@@ -25,9 +25,10 @@ class NaivePool(TableMeasures, SlottedKVCache):
         self.bytes_per_block = bytes_per_block
         self.refusals = RefusalLog()
 
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
-        try:
-            return super().allocate_slot(initial_tokens, token_ids)
-        except RuntimeError:  # no free slot: a new sequence needs a whole one
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
+        seq_id = super().allocate_sequence(initial_tokens, token_ids)
+        if seq_id is None:  # no free slot: a new sequence needs a whole one
             self.refusals.record(self.blocks_per_slot, self.allocator.num_free())
-            raise
+        return seq_id

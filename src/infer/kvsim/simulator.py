@@ -4,9 +4,9 @@ The step is the engine's own: the simulator drives the engine's ``Scheduler`` (r
 finished → running requests first, each a decode token or the next prefill chunk → admit
 waiting requests within the batch, token and memory budgets, the 20 % admission reserve
 included → preempt the newest request when a block is missing) over the strategy's pool,
-then does what ``Engine.step`` does with the results, minus the model: computed tokens are
-committed to the pool, every sequence that finished its prompt gains one token, and a
-request stops at its ``output_tokens`` (or at ``max_seq_len``). A finished sequence holds
+then hands the scheduler's ``update`` what the model would have sampled: every sequence that
+finished its prompt gains one fresh token, and a request stops at its ``output_tokens`` (or
+at ``max_seq_len``). A finished sequence holds
 its blocks until the next step retires it, as in the engine.
 
 Time: every step lasts ``step_s``; requests join the waiting queue at the first step that
@@ -40,7 +40,7 @@ from tqdm import tqdm
 from infer.config import EngineConfig
 from infer.engine.request import Request
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from infer.engine.scheduler import QueueFullError, Scheduler, StepResult
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.pool import SimulatedPool
 from infer.kvsim.strategies import build_pool
@@ -136,7 +136,6 @@ class _Run:
         self.admitted_at: dict[str, int] = {}  # request id → step it first got cache
         self.queued: list[Request] = []  # every request that entered the queue
         self.refused = 0
-        self.preemptions = 0
         self.timeline = Timeline()
         self.unused_slots = 0
         self.allocated_slots = 0
@@ -161,33 +160,16 @@ class _Run:
         return True
 
     def step(self, step: int) -> int:
-        """One engine step; returns how many requests ended in it."""
-        self.scheduler.retire()
+        """One engine step, the model's samples replaced by fresh token ids; returns how
+        many requests ended in it."""
         scheduled = self.scheduler.schedule()
-        failed = self.scheduler.take_failed()
-        self.refused += len(failed)
-        self.preemptions += len(scheduled.preempted)
+        self.refused += len(scheduled.failed)
         for request in self.scheduler.running:
             self.admitted_at.setdefault(request.request_id, step)
-        return len(failed) + self._run(scheduled)
-
-    def _run(self, scheduled: SchedulerOutput) -> int:
-        """``Engine._run`` without the model: commit the computed tokens, then give every
-        sequence that reached its end one generated token."""
-        sampled = [c.request for c in scheduled.chunks if c.samples]
-        for chunk in scheduled.chunks:
-            request = chunk.request
-            assert request.slot is not None
-            request.num_computed += chunk.num_tokens
-            self.pool.commit(request.slot, chunk.num_tokens, request.token_ids)
-        for request in sampled:
-            request.token_ids.extend(self.token_ids.fresh(1))
-            max_tokens = request.params.max_tokens
-            if (
-                max_tokens is not None and request.num_output_tokens >= max_tokens
-            ) or request.num_tokens >= self.max_seq_len:
-                request.finish("length")
-        return sum(1 for r in sampled if r.is_finished)
+        num_samples = sum(c.samples for c in scheduled.chunks)
+        sampled = StepResult(self.token_ids.fresh(num_samples), [None] * num_samples)
+        accepted = self.scheduler.update(scheduled, sampled)
+        return len(scheduled.failed) + sum(1 for t in accepted if t.request.is_finished)
 
     def sample(self, now: float) -> None:
         pool = self.pool
@@ -221,7 +203,7 @@ class _Run:
             finished=len(served),
             refused=self.refused,
             delayed=delayed,
-            preemptions=self.preemptions,
+            preemptions=self.scheduler.preemptions,
             peak_utilization=max(timeline.utilization, default=0.0),
             mean_utilization=sum(timeline.utilization) / steps if steps else 0.0,
             internal_fragmentation=(

@@ -60,18 +60,20 @@ class WindowedPool:
         return True
 
     # --- sequence lifecycle ----------------------------------------------------------
-    def allocate_slot(self, initial_tokens: int = 0, token_ids: Sequence[int] = ()) -> int:
+    def allocate_sequence(
+        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+    ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         self.seq_lens[seq_id] = 0
         self._blocks[seq_id] = []
         self._released[seq_id] = 0
         if initial_tokens and not self.prepare_append(seq_id, initial_tokens):
-            self.free_slot(seq_id)
-            raise RuntimeError(f"Cannot allocate blocks for {initial_tokens} tokens")
+            self.free_sequence(seq_id)
+            return None
         return seq_id
 
-    def free_slot(self, seq_id: int) -> None:
+    def free_sequence(self, seq_id: int) -> None:
         self.allocator.free(self.block_table(seq_id), owner=seq_id)
         del self.seq_lens[seq_id], self._blocks[seq_id], self._released[seq_id]
 
@@ -94,9 +96,6 @@ class WindowedPool:
             blocks.append(_LogicalBlock(units[: self.full_units], units[self.full_units :]))
         return True
 
-    def commit(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> None:
-        self.advance(seq_id, num_tokens)
-
     def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """No prefix sharing in this strategy."""
 
@@ -114,9 +113,6 @@ class WindowedPool:
         self._released[seq_id] = released
 
     # --- capacity ------------------------------------------------------------------------
-    def free_slot_count(self) -> int:
-        return self.allocator.num_free()
-
     def used_blocks(self) -> int:
         return self.allocator.num_allocated()
 

@@ -15,54 +15,54 @@ def _pool(num_blocks: int = 100, block_size: int = 16, prefix: bool = False) -> 
 
 def test_allocate_slot_reserves_blocks_for_the_prompt() -> None:
     pool = _pool()
-    seq = pool.allocate_slot(initial_tokens=50)
+    seq = pool.allocate_sequence(initial_tokens=50)
     assert len(pool.block_table(seq)) == 4  # ceil(50 / 16)
     assert pool.get_seq_len(seq) == 0
-    empty = pool.allocate_slot(initial_tokens=0)
+    empty = pool.allocate_sequence(initial_tokens=0)
     assert pool.block_table(empty) == []
 
 
 def test_free_slot_returns_blocks_and_forgets_the_sequence() -> None:
     pool = _pool()
-    seq = pool.allocate_slot(initial_tokens=50)
-    pool.free_slot(seq)
+    seq = pool.allocate_sequence(initial_tokens=50)
+    pool.free_sequence(seq)
     assert pool.allocator.num_free() == 100
     assert seq not in pool.page_tables and seq not in pool.seq_lens
     with pytest.raises(KeyError):
-        pool.free_slot(999)
+        pool.free_sequence(999)
 
 
 def test_freeing_one_sequence_keeps_the_others() -> None:
     pool = _pool()
-    seqs = [pool.allocate_slot(n) for n in (10, 40, 70)]
+    seqs = [pool.allocate_sequence(n) for n in (10, 40, 70)]
     assert [len(pool.block_table(s)) for s in seqs] == [1, 3, 5]
     kept = {s: list(pool.block_table(s)) for s in (seqs[0], seqs[2])}
-    pool.free_slot(seqs[1])
+    pool.free_sequence(seqs[1])
     assert pool.allocator.num_free() == 100 - 6
     assert {s: pool.block_table(s) for s in kept} == kept
 
 
 def test_free_token_capacity() -> None:
     pool = _pool()
-    pool.allocate_slot(16 * 10)
-    pool.allocate_slot(16 * 20)
+    pool.allocate_sequence(16 * 10)
+    pool.allocate_sequence(16 * 20)
     assert pool.free_token_capacity() == 70 * 16 == 1120
 
 
 def test_exhaustion_leaves_no_partial_state_and_ids_move_on() -> None:
     pool = _pool(num_blocks=4)
-    first = pool.allocate_slot(48)
-    with pytest.raises(RuntimeError):
-        pool.allocate_slot(32)
+    first = pool.allocate_sequence(48)
+    assert pool.allocate_sequence(32) is None
     assert list(pool.page_tables) == [first] and pool.allocator.num_free() == 1
-    assert pool.allocate_slot(16) == first + 2  # the failed attempt consumed an id
+    assert pool.allocate_sequence(16) == first + 2  # the failed attempt consumed an id
 
 
 def test_block_size_one() -> None:
     pool = _pool(num_blocks=10, block_size=1)
-    seq = pool.allocate_slot(5)
+    seq = pool.allocate_sequence(5)
     assert len(pool.block_table(seq)) == 5
-    pool.commit(seq, 5, list(range(5)))
+    pool.advance(seq, 5)
+    pool.index_blocks(seq, list(range(5)))
     assert pool.prepare_append(seq, 1)
     assert len(pool.block_table(seq)) == 6
 
@@ -70,16 +70,18 @@ def test_block_size_one() -> None:
 @pytest.mark.parametrize(("prompt", "blocks_after_one_more"), [(15, 1), (16, 2), (17, 2), (32, 3)])
 def test_growth_at_block_boundaries(prompt: int, blocks_after_one_more: int) -> None:
     pool = _pool()
-    seq = pool.allocate_slot(prompt)
-    pool.commit(seq, prompt, list(range(prompt)))
+    seq = pool.allocate_sequence(prompt)
+    pool.advance(seq, prompt)
+    pool.index_blocks(seq, list(range(prompt)))
     assert pool.prepare_append(seq, 1)
     assert len(pool.block_table(seq)) == blocks_after_one_more
 
 
 def test_prepare_append_fails_without_side_effects() -> None:
     pool = _pool(num_blocks=2)
-    seq = pool.allocate_slot(32)
-    pool.commit(seq, 32, list(range(32)))
+    seq = pool.allocate_sequence(32)
+    pool.advance(seq, 32)
+    pool.index_blocks(seq, list(range(32)))
     assert not pool.prepare_append(seq, 1)
     assert len(pool.block_table(seq)) == 2 and pool.get_seq_len(seq) == 32
 
@@ -87,7 +89,7 @@ def test_prepare_append_fails_without_side_effects() -> None:
 def test_audit_finds_and_reclaims_leaked_blocks() -> None:
     pool = _pool()
     for n in (10, 20, 30):
-        pool.allocate_slot(n)
+        pool.allocate_sequence(n)
     assert pool.audit_blocks() == []
     leaked = pool.allocator.allocate(5, owner=999)
     assert pool.audit_blocks() == sorted(leaked)
@@ -98,7 +100,7 @@ def test_audit_finds_and_reclaims_leaked_blocks() -> None:
 
 def test_reclaim_after_lost_tracking() -> None:
     pool = _pool()
-    seq = pool.allocate_slot(50)
+    seq = pool.allocate_sequence(50)
     blocks = pool.page_tables.pop(seq)
     del pool.seq_lens[seq]
     assert pool.audit_blocks() == sorted(blocks)
@@ -108,27 +110,29 @@ def test_reclaim_after_lost_tracking() -> None:
 def test_prefix_blocks_are_shared_with_reference_counts() -> None:
     pool = _pool(prefix=True)
     prompt = list(range(40))  # two full blocks and a partial one
-    first = pool.allocate_slot(len(prompt), prompt)
-    pool.commit(first, len(prompt), prompt)
-    second = pool.allocate_slot(len(prompt), prompt)
+    first = pool.allocate_sequence(len(prompt), prompt)
+    pool.advance(first, len(prompt))
+    pool.index_blocks(first, prompt)
+    second = pool.allocate_sequence(len(prompt), prompt)
     shared = pool.block_table(first)[:2]
     assert pool.block_table(second)[:2] == shared
     assert pool.block_table(second)[2] != pool.block_table(first)[2]
     assert pool.get_seq_len(second) == 32  # the shared tokens need no computing
     assert [pool.allocator.ref_count(b) for b in shared] == [2, 2]
-    pool.free_slot(first)
+    pool.free_sequence(first)
     assert [pool.allocator.ref_count(b) for b in shared] == [1, 1]
-    pool.free_slot(second)
+    pool.free_sequence(second)
     assert pool.stats().cached_blocks == 2 and pool.audit_blocks() == []
 
 
 def test_a_different_prefix_does_not_match() -> None:
     pool = _pool(prefix=True)
     prompt = list(range(40))
-    first = pool.allocate_slot(40, prompt)
-    pool.commit(first, 40, prompt)
+    first = pool.allocate_sequence(40, prompt)
+    pool.advance(first, 40)
+    pool.index_blocks(first, prompt)
     other = [*prompt[:16], 999, *prompt[17:]]  # differs in the second block
-    second = pool.allocate_slot(40, other)
+    second = pool.allocate_sequence(40, other)
     assert pool.get_seq_len(second) == 16
     assert pool.block_table(second)[0] == pool.block_table(first)[0]
     assert pool.block_table(second)[1] != pool.block_table(first)[1]
@@ -137,10 +141,11 @@ def test_a_different_prefix_does_not_match() -> None:
 def test_whole_prompt_hit_recomputes_the_last_token_into_a_copy() -> None:
     pool = _pool(prefix=True)
     prompt = list(range(32))
-    first = pool.allocate_slot(32, prompt)
+    first = pool.allocate_sequence(32, prompt)
     pool.k[:, pool.block_table(first)[1]] = 7.0
-    pool.commit(first, 32, prompt)
-    second = pool.allocate_slot(32, prompt)
+    pool.advance(first, 32)
+    pool.index_blocks(first, prompt)
+    second = pool.allocate_sequence(32, prompt)
     assert pool.get_seq_len(second) == 31  # one token still runs, to produce logits
     original = pool.block_table(second)[1]
     assert pool.prepare_append(second, 1)
@@ -153,11 +158,12 @@ def test_whole_prompt_hit_recomputes_the_last_token_into_a_copy() -> None:
 def test_cached_blocks_are_evicted_when_space_is_needed() -> None:
     pool = _pool(num_blocks=3, block_size=4, prefix=True)
     prompt = list(range(8))
-    seq = pool.allocate_slot(8, prompt)
-    pool.commit(seq, 8, prompt)
-    pool.free_slot(seq)
+    seq = pool.allocate_sequence(8, prompt)
+    pool.advance(seq, 8)
+    pool.index_blocks(seq, prompt)
+    pool.free_sequence(seq)
     assert pool.stats().cached_blocks == 2
-    pool.allocate_slot(12)  # needs every block: both cached ones are evicted
+    pool.allocate_sequence(12)  # needs every block: both cached ones are evicted
     assert pool.allocator.evictions == 2 and pool.stats().cached_blocks == 0
     assert pool.prefix is not None and len(pool.prefix) == 0
 
@@ -165,17 +171,18 @@ def test_cached_blocks_are_evicted_when_space_is_needed() -> None:
 def test_running_sequences_blocks_are_never_evicted() -> None:
     pool = _pool(num_blocks=3, block_size=4, prefix=True)
     prompt = list(range(8))
-    running = pool.allocate_slot(8, prompt)
-    pool.commit(running, 8, prompt)
-    with pytest.raises(RuntimeError):
-        pool.allocate_slot(12)
+    running = pool.allocate_sequence(8, prompt)
+    pool.advance(running, 8)
+    pool.index_blocks(running, prompt)
+    assert pool.allocate_sequence(12) is None
     assert pool.allocator.evictions == 0 and len(pool.block_table(running)) == 2
 
 
 def test_stats_report_utilization_and_internal_fragmentation() -> None:
     pool = _pool(num_blocks=10, block_size=4)
-    seq = pool.allocate_slot(6)  # 2 blocks, 6 of 8 slots will be used
-    pool.commit(seq, 6, list(range(6)))
+    seq = pool.allocate_sequence(6)  # 2 blocks, 6 of 8 slots will be used
+    pool.advance(seq, 6)
+    pool.index_blocks(seq, list(range(6)))
     stats = pool.stats()
     assert stats.used_blocks == 2 and stats.utilization == pytest.approx(0.2)
     assert stats.internal_fragmentation == pytest.approx(2 / 8)

@@ -23,7 +23,7 @@ def test_both_pools_satisfy_the_protocols() -> None:
 
 def test_a_slot_owns_consecutive_blocks_for_max_seq_len() -> None:
     pool = _slotted()
-    first, second = pool.allocate_slot(10), pool.allocate_slot(10)
+    first, second = pool.allocate_sequence(10), pool.allocate_sequence(10)
     assert pool.block_table(first) == [0, 1, 2, 3]
     assert pool.block_table(second) == [4, 5, 6, 7]
     assert pool.used_blocks() == 8  # reserved, whatever the length
@@ -32,31 +32,30 @@ def test_a_slot_owns_consecutive_blocks_for_max_seq_len() -> None:
 def test_capacity_is_per_slot() -> None:
     pool = _slotted(slots=2)
     assert pool.free_token_capacity() is None
-    assert pool.free_slot_count() == 2
-    slot = pool.allocate_slot()
-    pool.allocate_slot()
-    with pytest.raises(RuntimeError, match="No free cache slots"):
-        pool.allocate_slot()
-    pool.free_slot(slot)
-    assert pool.free_slot_count() == 1 and pool.allocate_slot() == slot
+    slot = pool.allocate_sequence()
+    assert slot is not None and pool.allocate_sequence() is not None
+    assert pool.allocate_sequence() is None  # no free slot
+    pool.free_sequence(slot)
+    assert pool.allocate_sequence() == slot
 
 
 def test_growth_is_bounded_by_max_seq_len() -> None:
     pool = _slotted(max_seq_len=64)
-    slot = pool.allocate_slot(60)
-    pool.commit(slot, 60, list(range(60)))
+    slot = pool.allocate_sequence(60)
+    pool.advance(slot, 60)
+    pool.index_blocks(slot, list(range(60)))
     assert pool.prepare_append(slot, 4)
     assert not pool.prepare_append(slot, 5)
-    with pytest.raises(RuntimeError):
-        pool.allocate_slot(65)
+    assert pool.allocate_sequence(65) is None
 
 
 def test_short_sequences_show_internal_fragmentation() -> None:
     pool = _slotted(slots=2, max_seq_len=64)
-    slot = pool.allocate_slot(16)
-    pool.commit(slot, 16, list(range(16)))
+    slot = pool.allocate_sequence(16)
+    pool.advance(slot, 16)
+    pool.index_blocks(slot, list(range(16)))
     stats = pool.stats()
     assert stats.backend == "contiguous"
     assert stats.internal_fragmentation == pytest.approx(1 - 16 / 64)
-    pool.free_slot(slot)
+    pool.free_sequence(slot)
     assert pool.audit_blocks() == [] and pool.allocator.num_free() == pool.num_blocks

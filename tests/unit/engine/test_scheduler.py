@@ -9,7 +9,7 @@ from infer.cache import PagedKVCachePool, SlottedKVCache
 from infer.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput, StepResult
 
 
 def _pool(blocks: int, block_size: int = 1, prefix: bool = False) -> PagedKVCachePool:
@@ -27,15 +27,9 @@ def _request(name: str, prompt_len: int) -> Request:
 
 
 def _run(scheduler: Scheduler, out: SchedulerOutput) -> None:
-    """Pretend the step ran: mark tokens computed and append a token where one is sampled."""
-    for chunk in out.chunks:
-        request = chunk.request
-        samples = chunk.samples
-        request.num_computed += chunk.num_tokens
-        assert request.slot is not None
-        scheduler.pool.commit(request.slot, chunk.num_tokens, request.token_ids)
-        if samples:
-            request.token_ids.append(0)
+    """Pretend the step ran: every chunk that samples samples token 0."""
+    sampled = sum(c.samples for c in out.chunks)
+    scheduler.update(out, StepResult([0] * sampled, [None] * sampled))
 
 
 def _names(out: SchedulerOutput) -> list[tuple[str, int]]:
@@ -52,14 +46,16 @@ def test_admits_in_arrival_order_up_to_max_batch_size() -> None:
 
 def test_token_budget_keeps_a_twenty_percent_generation_reserve() -> None:
     pool = _pool(725)
-    pool.allocate_slot(475)  # another tenant: 250 tokens are free
+    pool.allocate_sequence(475)  # another tenant: 250 tokens are free
     scheduler = _scheduler(pool)
-    for name, length in (("A", 100), ("B", 200), ("C", 300)):
+    for name, length in (("A", 100), ("B", 200), ("C", 299)):
         scheduler.add_request(_request(name, length))
     # usable = int(250 * 0.8) = 200: A fits, then B (200 > 100 left) waits.
-    assert _names(scheduler.schedule()) == [("A", 100)]
-    pool.free_slot(0)  # the tenant leaves: 625 free beside A's 100, usable 500 = B + C
-    out = scheduler.schedule()  # (A's prompt was not run: it is scheduled again)
+    first = scheduler.schedule()
+    assert _names(first) == [("A", 100)]
+    _run(scheduler, first)
+    pool.free_sequence(0)  # the tenant leaves: A decodes into a 101st block, 624 stay free,
+    out = scheduler.schedule()  # usable int(624 * 0.8) = 499 = B + C
     assert [n for n, _ in _names(out)] == ["A", "B", "C"]
 
 
@@ -113,7 +109,7 @@ def test_chunked_prefill_runs_chunks_beside_decodes_and_samples_only_at_the_end(
         [("short", 1, True), ("long", 16, False)],
         [("short", 1, True), ("long", 8, True)],
     ]
-    assert scheduler.running[1].prefill_progress == 40
+    assert scheduler.num_computed(scheduler.running[1]) == 40
 
 
 def test_prefill_chunk_cap_per_step() -> None:
@@ -141,7 +137,11 @@ def test_the_newest_request_is_preempted_when_blocks_run_out() -> None:
     assert [r.request_id for r in out.preempted] == ["new"]
     assert _names(out) == [("old", 1)]
     new = scheduler.waiting[0]
-    assert new.state is RequestState.WAITING and new.num_computed == 0 and new.slot is None
+    assert (
+        new.state is RequestState.WAITING
+        and scheduler.num_computed(new) == 0
+        and new.seq_id is None
+    )
     assert new.num_preemptions == 1 and scheduler.preemptions == 1
     assert pool.audit_blocks() == []
 
@@ -209,7 +209,7 @@ def test_a_request_larger_than_the_whole_pool_fails_alone() -> None:
     scheduler.add_request(_request("huge", 20))
     out = scheduler.schedule()
     assert out.chunks == []
-    (failed,) = scheduler.take_failed()
+    (failed,) = out.failed
     assert failed.finish_reason == "error" and "too small" in (failed.error or "")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from infer.config import EngineConfig
 from infer.kvsim.dynamic import FirstFitPool, first_fit
@@ -25,19 +24,19 @@ def _pool(num_blocks: int = 8) -> FirstFitPool:
 
 
 def _sequence(pool: FirstFitPool, tokens: int) -> int:
-    seq = pool.allocate_slot(tokens)
-    pool.commit(seq, tokens, [])
+    seq = pool.allocate_sequence(tokens)
+    pool.advance(seq, tokens)
+    pool.index_blocks(seq, [])
     return seq
 
 
 def test_lab_diagram_3_2_four_free_blocks_cannot_hold_three() -> None:
     pool = _pool()
     a, _, c, _ = (_sequence(pool, 8) for _ in range(4))  # two blocks each: A B C D
-    pool.free_slot(a)
-    pool.free_slot(c)
+    pool.free_sequence(a)
+    pool.free_sequence(c)
     assert pool.allocator.num_free() == 4
-    with pytest.raises(RuntimeError):
-        pool.allocate_slot(12)  # three contiguous blocks
+    assert pool.allocate_sequence(12) is None  # three contiguous blocks
     assert (pool.refusals.refused, pool.refusals.fragmented) == (1, 1)
     assert pool.refusals.take_stranded() == 4
 
@@ -49,13 +48,14 @@ def test_growth_in_place_then_by_moving() -> None:
     assert pool.block_table(first) == [0, 1]
     second = _sequence(pool, 4)  # block 2
     assert pool.block_table(second) == [2]
-    pool.commit(first, 4, [])
+    pool.advance(first, 4)
+    pool.index_blocks(first, [])
     assert pool.prepare_append(first, 1)  # block 2 is taken: moves to 3..5
     assert pool.block_table(first) == [3, 4, 5]
     assert pool.allocator.num_allocated() == 4
     assert pool.audit_blocks() == []
-    pool.free_slot(first)
-    pool.free_slot(second)
+    pool.free_sequence(first)
+    pool.free_sequence(second)
     assert pool.allocator.num_free() == 8
 
 

@@ -35,13 +35,8 @@ def test_a_missing_slot_is_refused_for_a_whole_slot() -> None:
     pool = NaivePool(num_blocks=2 * 8 + 5, block_size=16, bytes_per_block=1, max_seq_len=128)
     assert pool.num_slots == 2
     for _ in range(2):
-        pool.allocate_slot(0, range(20))
-    try:
-        pool.allocate_slot(0, range(20))
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("a third slot was handed out")
+        pool.allocate_sequence(0, range(20))
+    assert pool.allocate_sequence(0, range(20)) is None, "a third slot was handed out"
     # 5 blocks are free and the prompt needs 2, but a naive sequence needs a whole slot.
     assert (pool.refusals.refused, pool.refusals.fragmented) == (1, 0)
     assert pool.used_blocks() == 16

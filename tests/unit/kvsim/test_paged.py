@@ -21,9 +21,10 @@ def test_paged_pool_is_the_engines_without_memory() -> None:
 
 def test_refusals_are_never_fragmentation() -> None:
     pool = PagedPool(num_blocks=4, block_size=4, bytes_per_block=1, use_prefix_caching=False)
-    seq = pool.allocate_slot(0, range(12))
+    seq = pool.allocate_sequence(0, range(12))
     assert pool.prepare_append(seq, 12)
-    pool.commit(seq, 12, list(range(12)))
+    pool.advance(seq, 12)
+    pool.index_blocks(seq, list(range(12)))
     assert not pool.prepare_append(seq, 12)  # needs 3 more blocks, 1 is free
     assert (pool.refusals.refused, pool.refusals.fragmented) == (1, 0)
 
@@ -44,9 +45,10 @@ def test_shared_prefix_blocks_are_shared(memory_only: EngineConfig) -> None:
 def test_unused_token_slots_count_the_last_block_gaps() -> None:
     pool = PagedPool(num_blocks=16, block_size=4, bytes_per_block=1, use_prefix_caching=False)
     for length in (5, 8, 1):
-        seq = pool.allocate_slot(0, range(length))
+        seq = pool.allocate_sequence(0, range(length))
         pool.prepare_append(seq, length)
-        pool.commit(seq, length, list(range(length)))
+        pool.advance(seq, length)
+        pool.index_blocks(seq, list(range(length)))
     assert pool.used_blocks() == 2 + 2 + 1
     assert pool.unused_token_slots() == 3 + 0 + 3
     assert pool.num_sequences() == 3

@@ -15,14 +15,15 @@ from infer.kvsim.window import WindowedPool
 
 def _grow(pool: WindowedPool, seq: int, tokens: int) -> None:
     assert pool.prepare_append(seq, tokens)
-    pool.commit(seq, tokens, [])
+    pool.advance(seq, tokens)
+    pool.index_blocks(seq, [])
 
 
 def test_blocks_wholly_outside_the_window_are_released() -> None:
     footprint = load_footprint("lab").with_window(32, 16)  # every layer windowed
     pool = WindowedPool(footprint, 64 * footprint.block_bytes(16), 16)
     assert (pool.full_units, pool.window_units, pool.num_blocks) == (0, 1, 64)
-    seq = pool.allocate_slot()
+    seq = pool.allocate_sequence()
     _grow(pool, seq, 64)
     # The next query (position 64) reads keys 33..64: blocks 0 (0-15) and 1 (16-31) go.
     assert pool.used_blocks() == 2
@@ -31,7 +32,7 @@ def test_blocks_wholly_outside_the_window_are_released() -> None:
     _grow(pool, seq, 16)  # position 80: keys from 49 on, so block 2 (32-47) goes too
     assert pool.used_blocks() == 3
     assert pool.audit_blocks() == []
-    pool.free_slot(seq)
+    pool.free_sequence(seq)
     assert pool.allocator.num_free() == 64
 
 
@@ -40,7 +41,7 @@ def test_gemma_keeps_full_layers_and_windows_the_rest() -> None:
     pool = WindowedPool(gemma, 1 << 30, 16)
     assert (pool.full_units, pool.window_units) == (2, 11)  # groups of gcd(4, 22) = 2 layers
     assert pool.bytes_per_block * 13 == gemma.block_bytes(16)
-    seq = pool.allocate_slot()
+    seq = pool.allocate_sequence()
     _grow(pool, seq, 2000)
     blocks, released = 125, (2000 - 512 + 1) // 16
     assert pool.used_blocks() == blocks * 2 + (blocks - released) * 11
@@ -50,7 +51,7 @@ def test_gemma_keeps_full_layers_and_windows_the_rest() -> None:
 def test_internal_fragmentation_counts_every_unit_of_a_partial_block() -> None:
     footprint = replace(load_footprint("gemma-3-1b"), window=64)
     pool = WindowedPool(footprint, 1 << 26, 16)
-    seq = pool.allocate_slot()
+    seq = pool.allocate_sequence()
     _grow(pool, seq, 20)  # block 1 holds 4 of 16 tokens in all 13 units
     assert pool.unused_token_slots() == 12 * 13
     stats = pool.stats()
@@ -61,11 +62,10 @@ def test_internal_fragmentation_counts_every_unit_of_a_partial_block() -> None:
 def test_refusal_when_the_units_are_missing() -> None:
     footprint = load_footprint("lab").with_window(32, 16)
     pool = WindowedPool(footprint, 2 * footprint.block_bytes(16), 16)
-    seq = pool.allocate_slot()
+    seq = pool.allocate_sequence()
     assert not pool.prepare_append(seq, 48)
     assert (pool.refusals.refused, pool.refusals.fragmented) == (1, 0)
-    with pytest.raises(RuntimeError):
-        pool.allocate_slot(48)
+    assert pool.allocate_sequence(48) is None
 
 
 def test_window_saves_memory_on_long_sequences(memory_only: EngineConfig) -> None:
