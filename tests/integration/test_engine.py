@@ -62,6 +62,39 @@ def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
     assert engine.pool.audit_blocks() == [] and engine.pool.used_blocks() == 0
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_step_that_fails_for_one_request_fails_only_that_request(
+    llama: str, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool
+) -> None:
+    prompts = {f"good{i}": list(range(3 + i, 20 + 2 * i)) for i in range(4)}
+    alone = _engine(llama, use_async_scheduling=async_scheduling)
+    for name, prompt in prompts.items():
+        alone.add_request(prompt, GREEDY, request_id=name)
+    expected = {name: outs[-1].token_ids for name, outs in _drain(alone).items()}
+
+    engine = _engine(llama, use_async_scheduling=async_scheduling)
+    original = engine.runner.launch
+
+    def fails_with_bad(scheduled, previous=None):  # type: ignore[no-untyped-def]
+        if any(c.request.request_id == "bad" for c in scheduled.chunks):
+            raise RuntimeError("device-side assert")
+        return original(scheduled, previous)
+
+    monkeypatch.setattr(engine.runner, "launch", fails_with_bad)
+    for name, prompt in prompts.items():
+        engine.add_request(prompt, GREEDY, request_id=name)
+    for _ in range(3):
+        engine.step()  # the good requests are decoding when the bad one joins
+    engine.add_request([7, 8, 9], GREEDY, request_id="bad")
+    outputs = _drain(engine)
+    assert outputs["bad"][-1].finish_reason == "error"
+    assert "device-side assert" in (outputs["bad"][-1].error or "")
+    for name in prompts:
+        assert outputs[name][-1].finish_reason == "length"
+        assert outputs[name][-1].token_ids == expected[name]
+    assert engine.pool.audit_blocks() == [] and engine.pool.used_blocks() == 0
+
+
 def test_abort_frees_blocks_within_one_step(llama: str) -> None:
     engine = _engine(llama)
     engine.add_request([4, 5, 6], SamplingParams(max_tokens=100, ignore_eos=True), request_id="a")
