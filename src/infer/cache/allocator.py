@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from infer.cache.stats import RateMeter
-
 
 class BlockAllocator:
     """Manages ``total_blocks`` fixed-size KV blocks with ids ``0 .. total_blocks - 1``."""
@@ -25,8 +23,8 @@ class BlockAllocator:
         self._cached: set[int] = set()  # free or used blocks registered in a prefix index
         self._on_evict = on_evict
         self.evictions = 0
-        self.allocations = RateMeter()
-        self.frees = RateMeter()
+        self.total_allocations = 0  # blocks handed out, ever (rates are worked out by stats)
+        self.total_frees = 0
 
     # --- allocation -------------------------------------------------------------------
     def allocate(self, count: int, owner: int | None = None) -> list[int]:
@@ -42,7 +40,7 @@ class BlockAllocator:
                     self._on_evict(block)
             self._ref_counts[block] = 1
             self._block_owners[block] = set() if owner is None else {owner}
-        self.allocations.add(count)
+        self.total_allocations += count
         return blocks
 
     def allocate_specific(self, block_ids: list[int], owner: int | None = None) -> None:
@@ -54,7 +52,7 @@ class BlockAllocator:
             del self._free[block]
             self._ref_counts[block] = 1
             self._block_owners[block] = set() if owner is None else {owner}
-        self.allocations.add(len(block_ids))
+        self.total_allocations += len(block_ids)
 
     def share(self, block: int, owner: int | None = None) -> None:
         """Add a reference to a block (a prefix hit); a free cached block leaves the queue."""
@@ -88,7 +86,7 @@ class BlockAllocator:
             if self._ref_counts[block] == 0:
                 self._release(block)
                 released += 1
-        self.frees.add(released)
+        self.total_frees += released
 
     def _release(self, block: int) -> None:
         self._block_owners.pop(block, None)
@@ -97,9 +95,6 @@ class BlockAllocator:
     # --- prefix cache bookkeeping ----------------------------------------------------
     def mark_cached(self, block: int) -> None:
         self._cached.add(block)
-
-    def uncache(self, block: int) -> None:
-        self._cached.discard(block)
 
     def is_cached(self, block: int) -> bool:
         return block in self._cached

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from infer.cache.allocator import BlockAllocator
 from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
-from infer.cache.stats import CacheStats
+from infer.cache.stats import CacheStats, RateWindow
 from infer.config import ModelConfig
 
 
@@ -49,6 +49,7 @@ class PagedKVCachePool:
         self.allocator = BlockAllocator(self.num_blocks, on_evict=self._forget_block)
         self.page_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
+        self._rates = RateWindow()
         self._block_keys: dict[int, list[BlockKey]] = {}  # keys of each sequence's indexed blocks
         self._next_seq_id = 0
 
@@ -96,7 +97,8 @@ class PagedKVCachePool:
         blocks = self.page_tables.pop(seq_id)
         del self.seq_lens[seq_id]
         del self._block_keys[seq_id]
-        self.allocator.free(blocks, owner=seq_id)
+        # Tail first: the LRU queue then reuses a shared prefix's root block last.
+        self.allocator.free(reversed(blocks), owner=seq_id)
 
     def get_seq_len(self, seq_id: int) -> int:
         return self.seq_lens[seq_id]
@@ -182,6 +184,7 @@ class PagedKVCachePool:
         return CacheStats.measure(
             self.backend,
             self.allocator,
+            self._rates,
             self.block_size,
             sum(filled.values()),
             leaked_blocks=len(self.audit_blocks()),

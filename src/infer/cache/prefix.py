@@ -57,9 +57,6 @@ class PrefixIndex:
         self._key_of[block] = key
         return True
 
-    def key_of(self, block: int) -> BlockKey | None:
-        return self._key_of.get(block)
-
     def remove(self, block: int) -> None:
         key = self._key_of.pop(block, None)
         if key is not None:

@@ -5,31 +5,42 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from infer.cache.allocator import BlockAllocator
+from typing import Protocol
 
 
-class RateMeter:
-    """Counts events and reports their rate over the last ``window_s`` seconds."""
+class BlockCounts(Protocol):
+    """What a snapshot reads off an allocator (``BlockAllocator``)."""
+
+    total_blocks: int
+    total_allocations: int
+    total_frees: int
+    evictions: int
+
+    def num_allocated(self) -> int: ...
+
+    def num_free(self) -> int: ...
+
+    def num_cached_free(self) -> int: ...
+
+
+class RateWindow:
+    """Rates of ever-growing counters over about the last ``window_s`` seconds, worked out
+    when they are reported (the counted paths only add to integers)."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
-        self.total = 0
-        self._events: deque[tuple[float, int]] = deque()
+        self._samples: deque[tuple[float, tuple[int, ...]]] = deque()
 
-    def add(self, count: int, now: float | None = None) -> None:
-        if count <= 0:
-            return
-        self.total += count
-        self._events.append((time.monotonic() if now is None else now, count))
-
-    def rate(self, now: float | None = None) -> float:
+    def per_second(self, totals: tuple[int, ...], now: float | None = None) -> tuple[float, ...]:
         now = time.monotonic() if now is None else now
-        while self._events and self._events[0][0] < now - self.window_s:
-            self._events.popleft()
-        return sum(count for _, count in self._events) / self.window_s
+        if not self._samples:
+            self._samples.append((now, tuple(0 for _ in totals)))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - self.window_s:
+            self._samples.popleft()
+        then, before = self._samples[0]
+        self._samples.append((now, totals))
+        elapsed = max(now - then, 1e-9)
+        return tuple((total - old) / elapsed for total, old in zip(totals, before))
 
 
 @dataclass
@@ -54,13 +65,13 @@ class CacheStats:
     prefix_hit_rate: float
     leaked_blocks: int
     active_sequences: int
-    preemptions: int = 0
 
     @classmethod
     def measure(
         cls,
         backend: str,
-        allocator: BlockAllocator,
+        allocator: BlockCounts,
+        rates: RateWindow,
         block_size: int,
         filled_slots: int,
         leaked_blocks: int,
@@ -72,6 +83,9 @@ class CacheStats:
         used = allocator.num_allocated()
         capacity = used * block_size
         total = allocator.total_blocks
+        allocs_per_s, frees_per_s = rates.per_second(
+            (allocator.total_allocations, allocator.total_frees)
+        )
         return cls(
             backend=backend,
             num_blocks=total,
@@ -81,10 +95,10 @@ class CacheStats:
             cached_blocks=allocator.num_cached_free(),
             utilization=used / total if total else 0.0,
             internal_fragmentation=1.0 - filled_slots / capacity if capacity else 0.0,
-            allocs_per_s=allocator.allocations.rate(),
-            frees_per_s=allocator.frees.rate(),
-            total_allocations=allocator.allocations.total,
-            total_frees=allocator.frees.total,
+            allocs_per_s=allocs_per_s,
+            frees_per_s=frees_per_s,
+            total_allocations=allocator.total_allocations,
+            total_frees=allocator.total_frees,
             evictions=allocator.evictions,
             prefix_hits=prefix_hits,
             prefix_queries=prefix_queries,
