@@ -38,11 +38,11 @@ from triton.testing import do_bench
 
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
+from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.paged_attention import (
     TileConfig,
     decode_config,
     num_kv_splits,
-    paged_attention_triton,
     prefill_config,
 )
 

@@ -30,7 +30,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bench_kernels import GEMMA, LLAMA, Call, causal_flops, graph_ms, prefill_call
 from infer.attention.metadata import ScheduledSequence, build_metadata
-from infer.kernels.paged_attention import TileConfig, paged_attention_triton
+from infer.attention.triton_backend import paged_attention_triton
+from infer.kernels.paged_attention import TileConfig
 
 SHAPES = [(LLAMA, [4096]), (LLAMA, [512] * 8), (GEMMA, [4096])]
 TILES = {

@@ -14,11 +14,12 @@ import torch
 from infer.attention import attend
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
+from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
 from infer.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
 from infer.kernels.kv_write import write_kv_torch
 from infer.kernels.kv_write_triton import write_kv_triton
-from infer.kernels.paged_attention import paged_attention_triton, triton_paged_attention
+from infer.kernels.paged_attention import triton_paged_attention
 from infer.kernels.rms_norm import fused_add_rms_norm_torch, rms_norm_torch
 from infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from infer.kernels.rope import apply_rope_torch

@@ -26,7 +26,7 @@ def attend(
     """Write this step's K/V into the cache, then attend: ``q [T, H, D]`` → ``[T, H, D]``."""
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if use_triton(q):
-        from infer.kernels.paged_attention import paged_attention_triton
+        from infer.attention.triton_backend import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, sliding_window)
     return paged_attention_torch(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -16,22 +16,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from infer.kernels.ragged_batch import RaggedBatch
+
 
 @dataclass
-class AttentionMetadata:
-    positions: Tensor  # [T] int64, absolute position of each new token
-    slot_mapping: Tensor  # [T] int64, where each new token's K/V is written; -1 = nowhere
-    block_tables: Tensor  # [B, W] int32, physical blocks of each sequence
-    seq_lens: Tensor  # [B] int32, context length of each sequence after this step
-    query_start_loc: Tensor  # [B + 1] int32, prefix sum of the query lengths
-    max_query_len: int
-    max_seq_len: int
-    # Per-step values derived once and shared by all layers (e.g. the torch backend's plan).
-    derived: dict[str, Any] = field(default_factory=dict)
+class AttentionMetadata(RaggedBatch):
+    """What the kernels read (``RaggedBatch``: block tables, lengths, query offsets), plus
+    where this step's tokens sit and go."""
 
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
+    positions: Tensor = field(kw_only=True)  # [T] int64, absolute position of each new token
+    # [T] int64, where each new token's K/V is written; -1 = nowhere
+    slot_mapping: Tensor = field(kw_only=True)
+    # Per-step values derived once and shared by all layers (e.g. the torch backend's plan).
+    derived: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.warmup import warm_up_kernels
+from infer.kernels.dispatch import triton_enabled
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
 
@@ -55,7 +55,8 @@ class Engine:
             config, self.model_config, self.model, self.device, self.dtype, self.max_seq_len
         ).build()
         graphs = None
-        if config.cuda_graphs_enabled and not _torch_attention_forced():
+        # Graphs capture the Triton kernels; the torch attention path is the eager reference.
+        if config.cuda_graphs_enabled and triton_enabled(self.device):
             graphs = CUDAGraphRunner(
                 self.model, config.block_size, config.max_batch_size, self.max_seq_len, self.device
             )
@@ -195,7 +196,3 @@ class Engine:
 
     def cache_stats(self) -> dict[str, float | int | str]:
         return {**self.pool.stats().as_dict(), "preemptions": self.scheduler.preemptions}
-
-
-def _torch_attention_forced() -> bool:
-    return os.environ.get("INFER_DISABLE_TRITON") == "1"

@@ -10,9 +10,16 @@ import torch
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    """Triton on CUDA tensors when installed; the torch reference everywhere else.
+def triton_enabled(device: torch.device) -> bool:
+    """Triton on CUDA when installed; the torch reference everywhere else.
 
     ``INFER_DISABLE_TRITON=1`` forces the torch path (to compare the two on a GPU).
     """
-    return x.is_cuda and TRITON_AVAILABLE and os.environ.get("INFER_DISABLE_TRITON") != "1"
+    return (
+        device.type == "cuda" and TRITON_AVAILABLE and os.environ.get("INFER_DISABLE_TRITON") != "1"
+    )
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the op on ``x`` runs its Triton kernel (``triton_enabled`` on its device)."""
+    return triton_enabled(x.device)

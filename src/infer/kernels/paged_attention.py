@@ -22,6 +22,7 @@ replayed with new lengths.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.attention.metadata import AttentionMetadata
+from infer.kernels.ragged_batch import RaggedBatch
+
+# (partials shape, KV heads) → split partials, log-sum-exps and finished-split counters.
+SplitScratch = Callable[[tuple[int, ...], int], tuple[Tensor, Tensor, Tensor]]
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
@@ -337,32 +341,29 @@ def _dot_precision(q: Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-def _split_scratch(
-    meta: AttentionMetadata, shape: tuple[int, ...], num_kv_heads: int, device: torch.device
+def new_split_scratch(
+    shape: tuple[int, ...], num_kv_heads: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Split partials ``[B, S, H, D]``, log-sum-exps ``[B, S, H]`` and finished-split
-    counters ``[B, Hkv]`` (zero between calls: the merging program resets its own), shared by
-    all layers of a step."""
-    key = f"paged_attention_splits_{shape}_{num_kv_heads}"
-    if key not in meta.derived:
-        meta.derived[key] = (
-            torch.empty(shape, dtype=torch.float32, device=device),
-            torch.empty(shape[:3], dtype=torch.float32, device=device),
-            torch.zeros(shape[0], num_kv_heads, dtype=torch.int32, device=device),
-        )
-    return meta.derived[key]
+    counters ``[B, Hkv]`` (zero between calls: the merging program resets its own); callers
+    may share one set between the layers of a step."""
+    return (
+        torch.empty(shape, dtype=torch.float32, device=device),
+        torch.empty(shape[:3], dtype=torch.float32, device=device),
+        torch.zeros(shape[0], num_kv_heads, dtype=torch.int32, device=device),
+    )
 
 
 def _launch_decode(
-    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
-    scale: float, window: int, num_splits: int, tile: TileConfig,
+    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: RaggedBatch,
+    scale: float, window: int, num_splits: int, tile: TileConfig, scratch: SplitScratch,
 ) -> None:  # fmt: skip
     num_seqs, (_, num_heads, head_dim) = meta.num_seqs, q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if num_splits > 1:
         shape = (num_seqs, num_splits, num_heads, head_dim)
-        part_out, part_lse, counters = _split_scratch(meta, shape, num_kv_heads, q.device)
+        part_out, part_lse, counters = scratch(shape, num_kv_heads)
     else:  # the kernel writes ``out`` itself and never touches the partials
         part_out, part_lse, counters = out[:, :, :, None], out[:, :, 0], meta.seq_lens
     merge = 1 < num_splits <= _MAX_SPLITS_MERGED_IN_KERNEL
@@ -390,7 +391,7 @@ def _launch_decode(
 
 
 def _launch_prefill(
-    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
+    out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: RaggedBatch,
     scale: float, window: int, tile: TileConfig,
 ) -> None:  # fmt: skip
     num_tokens, num_heads, head_dim = q.shape
@@ -411,14 +412,15 @@ def _launch_prefill(
     )  # fmt: skip
 
 
-def paged_attention_triton(
+def paged_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    meta: AttentionMetadata,
+    meta: RaggedBatch,
     scale: float,
     sliding_window: int = 0,
     *,
+    scratch: SplitScratch | None = None,
     num_splits: int | None = None,
     decode_tile: TileConfig | None = None,
     prefill_tile: TileConfig | None = None,
@@ -428,7 +430,8 @@ def paged_attention_triton(
     Same contract as ``paged_attention_torch`` (this step's K/V are already in the cache). A
     decode batch (``max_query_len == 1``) runs the decode kernel alone; otherwise the decode
     kernel serves the one-query rows and the prefill kernel the others. The keyword arguments
-    override the heuristics (the tests and the kernel benchmark use them).
+    override the heuristics (the tests and the kernel benchmark use them); ``scratch``
+    supplies the split-KV buffers (new ones per call by default).
     """
     _check_inputs(q, k_cache, v_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -438,7 +441,9 @@ def paged_attention_triton(
     kv_len = min(meta.max_seq_len, sliding_window) if sliding_window > 0 else meta.max_seq_len
     splits = num_splits or num_kv_splits(meta.num_seqs, k_cache.shape[1], kv_len, q.device)
     tile = decode_tile or decode_config(head_dim)
-    _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile)
+    if scratch is None:
+        scratch = functools.partial(new_split_scratch, device=q.device)
+    _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile, scratch)
     if meta.max_query_len > 1:
         tile = prefill_tile or prefill_config(head_dim, meta.max_seq_len)
         _launch_prefill(out, q, k_cache, v_cache, meta, scale, sliding_window, tile)
@@ -462,15 +467,12 @@ def triton_paged_attention(
     only the last ``window_size`` of them when ``window_size > 0``.
     """
     batch, device = q.shape[0], q.device
-    no_slots = torch.empty(0, dtype=torch.int64, device=device)
-    meta = AttentionMetadata(
-        positions=no_slots,
-        slot_mapping=no_slots,
+    meta = RaggedBatch(
         block_tables=page_table[:, :max_num_blocks],
         seq_lens=seq_lens,
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
         max_query_len=1,
         max_seq_len=max_num_blocks * k_pool.shape[2],
     )
-    out = paged_attention_triton(q[:, :, 0], k_pool, v_pool, meta, scale, window_size)
+    out = paged_attention(q[:, :, 0], k_pool, v_pool, meta, scale, window_size)
     return out.unsqueeze(2)

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
+from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.paged_attention import (
     SHORT_PREFILL_LEN,
     TileConfig,
-    paged_attention_triton,
     prefill_config,
     triton_paged_attention,
 )
