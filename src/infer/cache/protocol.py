@@ -1,9 +1,8 @@
 """What the runner, engine and attention layers may ask of a KV cache.
 
 Both backends satisfy these protocols, so nothing outside ``cache/`` branches on the type of
-cache (no ``isinstance``). The seeds' per-phase cache *views* are replaced by the flat
-``AttentionMetadata`` of a step; a sequence's page table and computed length are what the
-runner turns into that metadata.
+cache (no ``isinstance``). Attention reads no per-phase cache view: a sequence's page table
+and computed length are what the runner turns into the step's flat ``AttentionMetadata``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Slot ``i`` owns blocks ``[i * blocks_per_slot, (i + 1) * blocks_per_slot)`` — room for
 ``max_seq_len`` tokens — from admission to retirement, so the same tensors, metadata and
-kernels serve it, and it shows the seeds' internal fragmentation: a short sequence still
-holds ``max_seq_len`` worth of cache.
+kernels serve it, and it shows a contiguous cache's internal fragmentation: a short
+sequence still holds ``max_seq_len`` worth of cache.
 """
 
 from __future__ import annotations

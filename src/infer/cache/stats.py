@@ -1,4 +1,4 @@
-"""Memory metrics of a KV cache pool (seed 004): utilisation, fragmentation, rates."""
+"""Memory metrics of a KV cache pool: utilisation, fragmentation, allocation rates."""
 
 from __future__ import annotations
 

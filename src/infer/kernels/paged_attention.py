@@ -461,7 +461,7 @@ def triton_paged_attention(
     max_num_blocks: int,
     window_size: int = 0,
 ) -> Tensor:
-    """The seeds' decode entry point: ``q [B, H, 1, D]`` → ``[B, H, 1, D]``.
+    """Decode attention over a page table: ``q [B, H, 1, D]`` → ``[B, H, 1, D]``.
 
     Sequence ``b``'s query sits at position ``seq_lens[b] - 1`` and sees the keys before it,
     only the last ``window_size`` of them when ``window_size > 0``.
