@@ -50,7 +50,10 @@ class PagedKVCachePool:
         self.page_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
         self._rates = RateWindow()
-        self._block_keys: dict[int, list[BlockKey]] = {}  # keys of each sequence's indexed blocks
+        # Each sequence's block keys (its owner's list, kept across preemption) and how many
+        # of its blocks are indexed.
+        self._block_keys: dict[int, list[BlockKey]] = {}
+        self._num_indexed: dict[int, int] = {}
         self._next_seq_id = 0
 
     @classmethod
@@ -75,11 +78,20 @@ class PagedKVCachePool:
 
     # --- sequence lifecycle ----------------------------------------------------------
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[BlockKey] | None = None,
     ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        keys = block_keys(token_ids, self.block_size) if self.prefix is not None else []
+        keys = [] if known_keys is None else known_keys
+        if self.prefix is not None:
+            full = len(token_ids) // self.block_size
+            parent = keys[-1] if keys else b""
+            keys += block_keys(
+                token_ids[: full * self.block_size], self.block_size, len(keys), parent
+            )
         hits = self.prefix.lookup(keys) if self.prefix is not None else []
         needed = max(self._blocks_for(initial_tokens) - len(hits), 0)
         reclaimed = sum(1 for b in hits if self.allocator.ref_count(b) == 0)
@@ -90,13 +102,14 @@ class PagedKVCachePool:
         self.page_tables[seq_id] = hits + self.allocator.allocate(needed, owner=seq_id)
         # At least one prompt token is always computed: its logits start the generation.
         self.seq_lens[seq_id] = min(len(hits) * self.block_size, max(len(token_ids) - 1, 0))
-        self._block_keys[seq_id] = keys[: len(hits)]
+        self._block_keys[seq_id] = keys
+        self._num_indexed[seq_id] = len(hits)
         return seq_id
 
     def free_sequence(self, seq_id: int) -> None:
         blocks = self.page_tables.pop(seq_id)
         del self.seq_lens[seq_id]
-        del self._block_keys[seq_id]
+        del self._block_keys[seq_id], self._num_indexed[seq_id]
         # Tail first: the LRU queue then reuses a shared prefix's root block last.
         self.allocator.free(reversed(blocks), owner=seq_id)
 
@@ -141,18 +154,19 @@ class PagedKVCachePool:
         if self.prefix is None:
             return
         keys = self._block_keys[seq_id]
+        indexed = self._num_indexed[seq_id]
         full = self.seq_lens[seq_id] // self.block_size
-        if full <= len(keys):
+        if full <= indexed:
             return
-        parent = keys[-1] if keys else b""
+        if len(keys) < full:
+            parent = keys[-1] if keys else b""
+            end = full * self.block_size
+            keys += block_keys(token_ids[:end], self.block_size, len(keys), parent)
         table = self.page_tables[seq_id]
-        for key in block_keys(
-            token_ids[: full * self.block_size], self.block_size, start=len(keys), parent=parent
-        ):
-            block = table[len(keys)]
-            if self.prefix.insert(key, block):
-                self.allocator.mark_cached(block)
-            keys.append(key)
+        for i in range(indexed, full):
+            if self.prefix.insert(keys[i], table[i]):
+                self.allocator.mark_cached(table[i])
+        self._num_indexed[seq_id] = full
 
     def _forget_block(self, block: int) -> None:
         if self.prefix is not None:

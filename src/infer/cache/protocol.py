@@ -35,13 +35,18 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
     num_blocks: int
 
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[bytes] | None = None,
     ) -> int | None:
         """Start a sequence with room for ``initial_tokens``; returns its id, or None when
         the pool cannot hold it (no partial state is left behind).
 
         With prefix caching, ``token_ids`` (the prompt) is matched against cached blocks
         and ``get_seq_len`` of the new sequence says how many tokens need no computing.
+        ``known_keys`` is the caller's list of the tokens' block keys: the pool extends it
+        as blocks fill, so a preempted sequence that starts again is not hashed again.
         """
         ...
 

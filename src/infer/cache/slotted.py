@@ -49,7 +49,10 @@ class SlottedKVCache(PagedKVCachePool):
         return False
 
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[bytes] | None = None,
     ) -> int | None:
         if initial_tokens > self.max_seq_len or not self._free_slots:
             return None
@@ -60,6 +63,7 @@ class SlottedKVCache(PagedKVCachePool):
         self.page_tables[slot] = blocks
         self.seq_lens[slot] = 0
         self._block_keys[slot] = []
+        self._num_indexed[slot] = 0
         return slot
 
     def free_sequence(self, slot: int) -> None:

@@ -283,7 +283,7 @@ class Scheduler:
     def _start(self, request: Request) -> bool:
         """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
-        seq_id = self.pool.allocate_sequence(0, tokens)
+        seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
         if seq_id is None:
             return False
         computed = self.pool.get_seq_len(seq_id)

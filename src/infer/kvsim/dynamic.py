@@ -40,7 +40,10 @@ class FirstFitPool(TableMeasures, PagedKVCachePool):
         self._is_free = np.ones(num_blocks, dtype=bool)
 
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[bytes] | None = None,
     ) -> int | None:
         seq_id = super().allocate_sequence(0, token_ids)  # an empty sequence: no blocks yet
         assert seq_id is not None

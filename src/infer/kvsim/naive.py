@@ -26,9 +26,12 @@ class NaivePool(TableMeasures, SlottedKVCache):
         self.refusals = RefusalLog()
 
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[bytes] | None = None,
     ) -> int | None:
-        seq_id = super().allocate_sequence(initial_tokens, token_ids)
+        seq_id = super().allocate_sequence(initial_tokens, token_ids, known_keys)
         if seq_id is None:  # no free slot: a new sequence needs a whole one
             self.refusals.record(self.blocks_per_slot, self.allocator.num_free())
         return seq_id

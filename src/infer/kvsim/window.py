@@ -62,7 +62,10 @@ class WindowedPool:
 
     # --- sequence lifecycle ----------------------------------------------------------
     def allocate_sequence(
-        self, initial_tokens: int = 0, token_ids: Sequence[int] = ()
+        self,
+        initial_tokens: int = 0,
+        token_ids: Sequence[int] = (),
+        known_keys: list[bytes] | None = None,
     ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1

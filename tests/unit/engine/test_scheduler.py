@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.cache import PagedKVCachePool, SlottedKVCache
+from infer.cache import PagedKVCachePool, SlottedKVCache, paged
 from infer.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.engine.sampling_params import SamplingParams
@@ -221,3 +221,29 @@ def test_prefix_hits_skip_computed_tokens() -> None:
     scheduler.add_request(_request("second", 10))
     out = scheduler.schedule()
     assert ("second", 2) in _names(out)  # 8 tokens came from the cache
+
+
+def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _pool(6, block_size=2, prefix=True)
+    scheduler = _scheduler(pool, admission_reserve=0.0, use_prefix_caching=True)
+    scheduler.add_request(_request("old", 4))
+    scheduler.add_request(_request("new", 5))
+    _run(scheduler, scheduler.schedule())
+    new = scheduler.running[1]
+    keys = list(new.block_keys)
+    assert len(keys) == 2  # its two full prompt blocks
+    starts: list[int] = []  # the first block hashed, per call on new's tokens
+    original = paged.block_keys
+
+    def counting(token_ids, block_size, start=0, parent=b""):  # type: ignore[no-untyped-def]
+        if list(token_ids[:5]) == new.prompt_token_ids:
+            starts.append(start)
+        return original(token_ids, block_size, start, parent)
+
+    monkeypatch.setattr(paged, "block_keys", counting)
+    while new.num_preemptions == 0:
+        _run(scheduler, scheduler.schedule())
+    scheduler.running[0].finish("stop")  # old leaves: room for new to start again
+    out = scheduler.schedule()
+    assert new in scheduler.running and out.chunks and new.block_keys[:2] == keys
+    assert starts and min(starts) >= 2  # its prompt blocks were never hashed again
