@@ -67,7 +67,7 @@ from infer.bench.vllm_peer import VLLM_ENVIRONMENT
 
 PHASES = ("prepare", "infer", "vllm", "report")
 SERVED_NAME = "bench-model"
-CLIENT_TIMEOUT_S = 400
+CLIENT_TIMEOUT_S = 240  # a run takes 10-40 s on a GPU; a stuck one must not eat the call
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         "--warmups", type=int, default=2, help="client warm-up requests per run (default: 2)"
     )
     parser.add_argument(
-        "--startup-timeout", type=float, default=420.0, help="seconds (default: 420)"
+        "--startup-timeout", type=float, default=300.0, help="seconds (default: 300)"
     )
     parser.add_argument("--infer-args", default="", help="more `infer serve` flags (one string)")
     parser.add_argument("--vllm-args", default="", help="more `vllm serve` flags (one string)")
