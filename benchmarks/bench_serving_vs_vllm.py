@@ -36,6 +36,7 @@ Raw results: ``<results-dir>/<server>-<workload>.json`` (vLLM's own JSON, detail
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -122,9 +123,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _vllm_env(site: str) -> dict[str, str]:
-    env = {**os.environ, **VLLM_ENVIRONMENT}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+def _server_env(server: str, site: str) -> dict[str, str]:
+    """Unbuffered output (log lines are timed when they arrive); for vLLM, its site first on
+    the path and the environment the carried build needs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if server == "vllm":
+        env.update(VLLM_ENVIRONMENT)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
     return env
 
 
@@ -145,6 +150,17 @@ def _server_command(server: str, args: argparse.Namespace, folder: Path, port: i
     ]  # fmt: skip
 
 
+def _check_vllm(site: str) -> None:
+    """Both phases need vLLM (its client measures both servers): fail before a server starts."""
+    sys.path.insert(0, site)
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    finally:
+        sys.path.remove(site)
+    if not found:
+        raise SystemExit(f"vllm: not importable (looked in {site} and PYTHONPATH); see --vllm-site")
+
+
 def run_server_phase(
     server: str, args: argparse.Namespace, folder: Path, workloads: list[ServingWorkload]
 ) -> bool:
@@ -153,12 +169,11 @@ def run_server_phase(
     out: Path = args.results_dir
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    vllm_env = _vllm_env(args.vllm_site)
+    vllm_env = _server_env("vllm", args.vllm_site)  # the client's too
     command = _server_command(server, args, folder, port)
     print(f"=== {server}: {shlex.join(command)}", flush=True)
-    logged = LoggedProcess.start(
-        command, out / f"{server}-serve.log", vllm_env if server == "vllm" else None
-    )
+    env = _server_env(server, args.vllm_site)
+    logged = LoggedProcess.start(command, out / f"{server}-serve.log", env)
     startup: dict[str, Any] = {"server": server, "command": shlex.join(command), "ready_s": None}
     ok = True
     try:
@@ -271,6 +286,7 @@ def main() -> int:
         else:
             if not is_complete(folder, args.weights):
                 raise SystemExit(f"{folder}: incomplete checkpoint; run --phases prepare first")
+            _check_vllm(args.vllm_site)
             ok = run_server_phase(phase, args, folder.resolve(), workloads) and ok
     return 0 if ok else 1
 
