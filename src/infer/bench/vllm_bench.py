@@ -166,6 +166,7 @@ def summarize_bench(
 ) -> dict[str, Any]:
     """One table row from a ``vllm bench serve`` result: output tok/s (the client's
     ``output_throughput``), TTFT, ITL and TPOT percentiles in ms (``{p50, p90, p99, mean}``)."""
+    errors = result.get("errors") or []  # tracebacks: their last line says what happened
     row: dict[str, Any] = {
         "server": server,
         "workload": workload.name,
@@ -176,7 +177,7 @@ def summarize_bench(
         "duration_s": result.get("duration"),
         "output_tok_s": float(result.get("output_throughput") or 0.0),
         "total_output_tokens": result.get("total_output_tokens"),
-        "errors": sorted({e.strip().splitlines()[-1] for e in result.get("errors") or [] if e})[:3],
+        "errors": sorted({e.strip().splitlines()[-1] for e in errors if e.strip()})[:3],
     }
     if "ttfts" in result:
         row.update(_from_detail(result, workload.skips_role_chunk))
