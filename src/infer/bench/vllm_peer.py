@@ -112,12 +112,34 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
 def run_vllm(
     llm: Any, workload: Workload, warmup: Workload | None = None, progress: bool = True
 ) -> RunResult:
-    """Run ``warmup`` (unmeasured), then ``workload``, through vLLM's engine."""
+    """Run ``warmup`` (unmeasured), then ``workload``, through vLLM's engine; a burst also
+    goes once through ``LLM.generate`` (``generate_output_tok_s``)."""
     check_fits(workload, llm.llm_engine.vllm_config.model_config.max_model_len)
     stepped = _VllmEngine(llm.llm_engine)
     if warmup is not None:
         drive(stepped, warmup, "warmup", progress=False, label="vllm")
-    return RunResult(drive(stepped, workload, "bench", progress, label="vllm"))
+    result = RunResult(drive(stepped, workload, "bench", progress, label="vllm"))
+    if workload.is_burst:
+        result.extra["generate_output_tok_s"] = _generate_tok_s(llm, workload)
+    return result
+
+
+def _generate_tok_s(llm: Any, workload: Workload) -> float:
+    """Output tok/s of the same burst through vLLM's own batch API (final outputs only, the
+    prefix cache emptied first): a check that stepping the engine with delta outputs, which
+    times every token, does not slow vLLM down."""
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in workload.requests]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False)
+        for r in workload.requests
+    ]
+    llm.reset_prefix_cache()
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    return round(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed, 1)
 
 
 class _VllmEngine:

@@ -47,6 +47,19 @@ def test_vllm_runs_the_same_requests_with_their_arrivals(
     assert details["vllm"] == "0.0-fake" and details["load_format"] == "auto"
     assert details["skip_tokenizer_init"] and details["max_model_len"] == 512
     assert details["model"] == str(tiny_checkpoint("qwen3"))
+    assert "generate_output_tok_s" not in record  # arrivals spread out: not a burst
+
+
+@pytest.mark.usefixtures("fake_vllm")
+def test_a_burst_is_also_timed_through_generate(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    output = tmp_path / "b.json"
+    flags = ["--engine", "vllm", "--workload", "burst256", "--num-requests", "4"]
+    argv = _offline(tiny_checkpoint("llama"), *flags, "--max-tokens", "3", "--output", str(output))
+    assert main(argv) == 0
+    record = json.loads(output.read_text())
+    assert record["output_tokens"] == 12 and record["generate_output_tok_s"] > 0
 
 
 @pytest.mark.usefixtures("fake_vllm")
