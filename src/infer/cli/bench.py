@@ -398,6 +398,10 @@ def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path)
         parts.append(f"peak KV {summary['peak_kv_utilization']:.0%}")
     if "preemptions" in summary:
         parts.append(f"{summary['preemptions']} preemptions")
+    if "generate_output_tok_s" in summary:
+        parts.append(
+            f"same burst through LLM.generate {summary['generate_output_tok_s']:,.1f} tok/s"
+        )
     if summary["num_failed"]:
         parts.append(f"{summary['num_failed']} failed: {summary['errors']}")
     print(f"{engine} {workload}: {', '.join(parts)} → {path}", flush=True)
