@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import torch
 
 from infer.bench.http_client import run_serving
 from infer.bench.metrics import RunResult, summarize
 from infer.bench.offline import run_infer
 from infer.bench.results import environment, results_dir, write_json
+from infer.bench.scoreboard import summary_values, update_many
 from infer.bench.workloads import WORKLOADS, Workload, make_workload
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import ModelConfig
@@ -99,6 +101,20 @@ def _plot(record: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _record_scores(args: argparse.Namespace, model: str, record: dict[str, Any]) -> None:
+    """Headline figures (``infer.bench.scoreboard``): GPU runs of the workload as defined."""
+    if not torch.cuda.is_available() or args.num_requests or args.max_tokens or args.seed:
+        return
+    prefix = f"http_overhead/{Path(model).name}/{record['workload']}"
+    values = {
+        **summary_values(f"{prefix}/http", record["http"]),
+        **summary_values(f"{prefix}/offline", record["offline"]),
+        f"{prefix}/http_vs_offline": (record["http_vs_offline"] * 100, "%"),
+    }
+    update_many(values)
+    print(f"scoreboard: {len(values)} figures under {prefix}/")
+
+
 def main() -> None:
     args, engine_argv = _parser().parse_known_args()
     engine_parser = argparse.ArgumentParser(prog="engine flags")
@@ -132,6 +148,7 @@ def main() -> None:
     output = args.output or results_dir() / f"{stem.replace(':', '')}.json"
     write_json(record, output)
     _plot(record, output.with_suffix(".png"))
+    _record_scores(args, config.model, record)
     print(
         f"{workload.name} x{len(workload.requests)}: offline {offline['output_tok_s']:.1f} tok/s, "
         f"HTTP {http['output_tok_s']:.1f} tok/s = {record['http_vs_offline']:.1%} of offline "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end GPU suite: `burst256` and `single` for llama-3.2-3b, qwen3-4b and gemma-3-1b
-# (dummy weights at the real shapes), infer vs Hugging Face transformers, each engine in its
-# own fresh process on the same GPU. Writes one JSON per (model, workload, engine), latency
+# (dummy weights at the real shapes), infer vs Hugging Face transformers (or vLLM), each engine
+# in its own fresh process on the same GPU. Writes one JSON per (model, workload, engine), latency
 # plots and a combined markdown table (with the roofline) to benchmarks/results/suite-<date>/,
 # prints progress as it goes and the table last.
 #
@@ -11,6 +11,8 @@
 # Where the checkout has no .git, give the commit the numbers belong to:
 #   INFER_GIT_COMMIT=$(git rev-parse --short=12 HEAD) benchmarks/run_gpu_suite.sh
 # SUITE_FLAGS adds flags to every run (a smoke test: SUITE_FLAGS="--num-requests 4 --max-tokens 8").
+# SUITE_ENGINES picks the engines (default: both = infer,hf; vLLM beside infer: infer,vllm, with
+# the carried vLLM on PYTHONPATH, see shared/tools/vllm-peer).
 # When $OUT is set (the device machine's folder that comes back), the results are copied there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +28,8 @@ infer() { python3 -c 'import sys; from infer.cli import main; sys.exit(main(sys.
 start=$SECONDS
 status=0
 for model in "${models[@]}"; do
-  echo "=== $model: infer vs transformers, burst256 + single (t=$((SECONDS - start)) s)"
-  if ! infer bench offline --engine both --load-format dummy --model "$model" \
+  echo "=== $model: ${SUITE_ENGINES:-both}, burst256 + single (t=$((SECONDS - start)) s)"
+  if ! infer bench offline --engine "${SUITE_ENGINES:-both}" --load-format dummy --model "$model" \
       --workload burst256,single --output "$out/$(basename "$model").json" --plot \
       ${SUITE_FLAGS:-}; then
     echo "!!! $model: a run failed (see above); its table rows say which"

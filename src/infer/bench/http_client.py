@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from infer.bench.metrics import RequestMetrics, RunResult
+from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
 from infer.bench.workloads import RequestSpec, Workload
 
 WORKER_START_TIMEOUT_S = 300.0
@@ -98,7 +98,7 @@ async def stream_completion(
                     usage_tokens = chunk["usage"].get("completion_tokens")
                 if chunk.get("choices"):
                     last_chunk = now
-                    _append_tokens(times, now, _chunk_tokens(chunk))
+                    append_token_times(times, now, _chunk_tokens(chunk))
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         metrics.error = f"{type(exc).__name__}: {exc}"[:200]
         return metrics
@@ -107,17 +107,8 @@ async def stream_completion(
         if times and times[-1] == last_chunk:  # re-spread the last chunk's tokens with them
             times.pop()
             missing += 1
-        _append_tokens(times, last_chunk, missing)
+        append_token_times(times, last_chunk, missing)
     return metrics
-
-
-def _append_tokens(times: list[float], now: float, count: int) -> None:
-    """``count`` tokens that arrived together at ``now``, spread over the gap before them."""
-    if count <= 0:
-        return
-    previous = times[-1] if times else now
-    step = (now - previous) / count
-    times.extend(now - step * (count - 1 - i) for i in range(count))
 
 
 async def run_serving(

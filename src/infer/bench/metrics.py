@@ -75,6 +75,16 @@ class RunResult:
         return max(r.finish_s for r in done) - min(r.arrival_s for r in self.requests)
 
 
+def append_token_times(times: list[float], now: float, count: int) -> None:
+    """``count`` tokens that arrived together at ``now``, spread over the gap before them
+    (a streamed chunk or an engine step that carries several tokens)."""
+    if count <= 0:
+        return
+    previous = times[-1] if times else now
+    step = (now - previous) / count
+    times.extend(now - step * (count - 1 - i) for i in range(count))
+
+
 def percentiles(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
     """``{"p50", "p90", "p99", "mean"}`` of ``values * scale`` (linear interpolation between
     order statistics); ``None`` for an empty list."""

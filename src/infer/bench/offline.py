@@ -1,24 +1,43 @@
-"""Runs a workload through the ``infer`` engine in-process, honouring arrival times.
+"""Runs a workload through an engine in-process, honouring arrival times.
 
 ``LLM.generate`` hands the engine a whole batch at once; a workload with staggered arrivals
-needs requests added while others run, so this drives ``llm.engine`` step by step the way
+needs requests added while others run, so ``drive`` steps the engine itself the way
 ``LLM._run`` does and adds each request when its arrival time has come (or, for sequential
-workloads, when the previous one has finished). TTFT and ITL come from the engine's own token
-timestamps (``RequestOutput.token_times_s``, relative to when the request was added).
+workloads, when the previous one has finished). The same loop drives ``infer``'s engine
+(``run_infer``) and the vLLM peer (``infer.bench.vllm_peer``), through ``SteppedEngine``.
+
+For ``infer``, TTFT and ITL come from the engine's own token timestamps
+(``RequestOutput.token_times_s``, relative to when the request was added).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Protocol
 
 from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult
-from infer.bench.workloads import Workload
+from infer.bench.workloads import RequestSpec, Workload
 from infer.engine.engine import Engine
 from infer.engine.sampling_params import SamplingParams
 from infer.heap import frozen_heap
+
+
+class SteppedEngine(Protocol):
+    """What ``drive`` needs of an engine: add a request, run one step."""
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def add(self, request_id: str, spec: RequestSpec) -> None:
+        """Queue one request (greedy, EOS ignored)."""
+        ...
+
+    def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
+        """Run one step, filling in the token times (and errors) of ``requests``; returns
+        how many requests finished. ``start`` is the run's start (``time.perf_counter``)."""
+        ...
 
 
 def check_fits(workload: Workload, max_seq_len: int) -> None:
@@ -38,12 +57,12 @@ def run_infer(
     """Run ``warmup`` (unmeasured), then ``workload``; peak KV use and preemptions count the
     measured part only."""
     check_fits(workload, engine.max_seq_len)
+    stepped = _InferEngine(engine)
     if warmup is not None:
-        _drive(engine, warmup, "warmup", progress=False)
+        drive(stepped, warmup, "warmup", progress=False)
     engine.peak_utilization = 0.0
     preemptions_before = int(engine.cache_stats()["preemptions"])
-    with frozen_heap():  # as the server's engine process does (``infer.heap``)
-        requests = _drive(engine, workload, "bench", progress)
+    requests = drive(stepped, workload, "bench", progress)
     extra = {
         "peak_kv_utilization": round(engine.peak_utilization, 4),
         "preemptions": int(engine.cache_stats()["preemptions"]) - preemptions_before,
@@ -51,7 +70,38 @@ def run_infer(
     return RunResult(requests, extra)
 
 
-def _drive(engine: Engine, workload: Workload, tag: str, progress: bool) -> list[RequestMetrics]:
+class _InferEngine:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def add(self, request_id: str, spec: RequestSpec) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
+        self.engine.add_request(spec.prompt_token_ids, params, request_id=request_id)
+
+    def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
+        finished = 0
+        for out in self.engine.step():
+            if out.finished:
+                record = requests[out.request_id]
+                record.token_times_s = list(out.token_times_s)
+                record.error = out.error
+                finished += 1
+        return finished
+
+
+def drive(
+    engine: SteppedEngine,
+    workload: Workload,
+    tag: str,
+    progress: bool,
+    label: str = "infer",
+) -> list[RequestMetrics]:
+    """Add every request of ``workload`` when it is due and step ``engine`` until all have
+    finished; the measured loop runs with the start-up heap frozen (as the server's engine
+    process does, ``infer.heap``). Request ids are ``<tag>-<index>``."""
     specs = workload.requests
     order = (
         range(len(specs))
@@ -60,38 +110,32 @@ def _drive(engine: Engine, workload: Workload, tag: str, progress: bool) -> list
     )
     pending = deque(order)
     metrics: dict[str, RequestMetrics] = {}
-    start = time.perf_counter()
-    with tqdm(
-        total=len(specs), desc=f"infer {workload.name}", unit="req", disable=not progress
-    ) as bar:
+    with (
+        frozen_heap(),
+        tqdm(
+            total=len(specs), desc=f"{label} {workload.name}", unit="req", disable=not progress
+        ) as bar,
+    ):
+        start = time.perf_counter()
         while pending or engine.has_unfinished_requests():
             now = time.perf_counter() - start
             while pending and _is_due(workload, specs[pending[0]].arrival_s, now, engine):
                 index = pending[0]
                 spec = specs[index]
-                params = SamplingParams(
-                    temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True
-                )
+                request_id = f"{tag}-{index}"
                 arrival = time.perf_counter() - start
-                request_id = engine.add_request(
-                    spec.prompt_token_ids, params, request_id=f"{tag}-{index}"
-                )
+                engine.add(request_id, spec)
                 pending.popleft()
                 metrics[request_id] = RequestMetrics(len(spec.prompt_token_ids), arrival)
             if not engine.has_unfinished_requests():
                 if pending:  # idle until the next arrival
                     time.sleep(max(0.0, specs[pending[0]].arrival_s - now))
                 continue
-            for out in engine.step():
-                if out.finished:
-                    record = metrics[out.request_id]
-                    record.token_times_s = list(out.token_times_s)
-                    record.error = out.error
-                    bar.update(1)
+            bar.update(engine.step(metrics, start))
     return [metrics[f"{tag}-{i}"] for i in range(len(specs))]
 
 
-def _is_due(workload: Workload, arrival_s: float, now: float, engine: Engine) -> bool:
+def _is_due(workload: Workload, arrival_s: float, now: float, engine: SteppedEngine) -> bool:
     if workload.sequential:
         return not engine.has_unfinished_requests()
     return arrival_s <= now

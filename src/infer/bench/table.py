@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-ENGINE_NAMES = {"infer": "infer", "hf": "transformers", "server": "infer server (HTTP)"}
+ENGINE_NAMES = {
+    "infer": "infer",
+    "hf": "transformers",
+    "vllm": "vLLM",
+    "server": "infer server (HTTP)",
+}
+PEERS = ("vllm", "hf")  # the ratio columns, in this order
 
 
 def _ms(stats: dict[str, Any], key: str) -> str:
@@ -12,7 +18,7 @@ def _ms(stats: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def _row(record: dict[str, Any], peer: dict[str, Any] | None) -> str:
+def _row(record: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
     if record.get("num_requests", 0) == record.get("num_failed", 0):
         error = "; ".join(record.get("errors") or ["no request finished"])
         return (
@@ -22,9 +28,10 @@ def _row(record: dict[str, Any], peer: dict[str, Any] | None) -> str:
     tok_s = record["output_tok_s"]
     roofline = record.get("roofline", {}).get("output_tok_s")
     bound = f"{roofline:,.0f} ({tok_s / roofline:.0%})" if roofline else "-"
-    ratio = "-"
-    if peer is not None and peer.get("output_tok_s"):
-        ratio = f"{tok_s / peer['output_tok_s']:.1f}x"
+    ratios = [
+        f"{tok_s / peers[p]['output_tok_s']:.1f}x" if peers.get(p, {}).get("output_tok_s") else "-"
+        for p in PEERS
+    ]
     kv = record.get("peak_kv_utilization")
     cells = [
         record["model"],
@@ -38,7 +45,7 @@ def _row(record: dict[str, Any], peer: dict[str, Any] | None) -> str:
         "-" if kv is None else f"{kv:.0%}",
         str(record.get("preemptions", "-")),
         bound,
-        ratio,
+        *ratios,
         f"{record['num_requests'] - record['num_failed']}/{record['num_requests']}",
     ]
     return "| " + " | ".join(cells) + " |"
@@ -47,23 +54,28 @@ def _row(record: dict[str, Any], peer: dict[str, Any] | None) -> str:
 HEADER = (
     "| model | workload | engine | output tok/s | req/s | TTFT p50 / p99 ms "
     "| ITL p50 / p99 ms | E2E p50 / p99 ms | peak KV | preempt. | roofline tok/s (achieved) "
-    "| vs transformers | ok |\n"
-    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| vs vLLM | vs transformers | ok |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
     """One row per record, grouped by (model, workload); infer rows carry the ratio of their
-    output tok/s to the transformers record of the same model and workload."""
+    output tok/s to the vLLM and transformers records of the same model and workload."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault((record["model"], record["workload"]), []).append(record)
     rows = [HEADER]
     for group in groups.values():
-        peer = next((r for r in group if r["engine"] == "hf"), None)
-        for record in sorted(group, key=lambda r: r["engine"] == "hf"):
-            rows.append(_row(record, peer if record["engine"] != "hf" else None))
+        peers = {r["engine"]: r for r in group if r["engine"] in PEERS}
+        for record in sorted(group, key=lambda r: _order(r["engine"])):
+            rows.append(_row(record, {} if record["engine"] in PEERS else peers))
     return "\n".join(rows)
+
+
+def _order(engine: str) -> int:
+    """infer (and its server) first, then the peers in column order."""
+    return PEERS.index(engine) + 1 if engine in PEERS else 0
 
 
 def format_ceilings(records: list[dict[str, Any]]) -> str:

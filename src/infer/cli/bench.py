@@ -1,9 +1,11 @@
 """``infer bench``: the benchmark harness.
 
-- ``infer bench offline --model M --workload W [--engine infer|hf|both] [engine flags]``:
-  runs workloads in-process through the ``infer`` engine and/or Hugging Face transformers on
-  the same model and device, writes one JSON result per (workload, engine) and prints a table
-  (``both``: each engine in its own fresh process, one after the other, and the ratio).
+- ``infer bench offline --model M --workload W [--engine E] [engine flags]``: runs
+  workloads in-process through the ``infer`` engine and/or its peers on the same model and
+  device (``hf``: Hugging Face transformers; ``vllm``: vLLM, imported only when asked for),
+  writes one JSON result per (workload, engine) and prints a table. ``--engine infer,vllm``
+  (``both`` = ``infer,hf``) runs each engine in its own fresh process, one after the other,
+  and shows the ratios.
 - ``infer bench serve --url http://127.0.0.1:8000 --workload W``: streams the workload to a
   running server over HTTP and times it from the client.
 - ``infer bench table FILE...``: the markdown table of saved results.
@@ -30,7 +32,8 @@ from infer.config import EngineConfig
 logger = logging.getLogger(__name__)
 
 WARMUP_MAX_TOKENS = 16  # warm-up exercises every code path; its length does not matter
-ENGINES = ("infer", "hf")
+ENGINES = ("infer", "hf", "vllm")
+ENGINE_ALIASES = {"both": ["infer", "hf"]}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -42,11 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     offline.add_argument(
         "--engine",
-        choices=("infer", "hf", "both"),
         default="infer",
-        help="infer; hf = Hugging Face transformers on the same model and device (it uses "
-        "only --model, --load-format, --device, --dtype); both = each in its own process, "
-        "then the ratio (default: infer)",
+        help="one or more (comma-separated) of: infer; hf = Hugging Face transformers on "
+        "the same model and device (it uses only --model, --load-format, --device, --dtype); "
+        "vllm = vLLM (it uses --model, --load-format, --dtype, --max-seq-len, "
+        "--gpu-memory-utilization); both = infer,hf. Several: each in its own process, "
+        "then the ratios (default: infer)",
     )
     _add_workload_args(offline)
     add_engine_args(offline, exclude=frozenset({"seed"}))
@@ -148,16 +152,33 @@ def _workloads(args: argparse.Namespace, vocab_size: int) -> list[tuple[Workload
 
 
 # --- offline -------------------------------------------------------------------------------
+def parse_engines(value: str) -> list[str]:
+    """``"infer,vllm"`` → the engines, each checked (``both`` = infer and transformers)."""
+    engines: list[str] = []
+    for name in (v.strip() for v in value.split(",") if v.strip()):
+        if name not in ENGINES and name not in ENGINE_ALIASES:
+            choices = ", ".join([*ENGINES, *ENGINE_ALIASES])
+            raise ValueError(f"engine: unknown {name!r}; choose from {choices}")
+        engines += [e for e in ENGINE_ALIASES.get(name, [name]) if e not in engines]
+    if not engines:
+        raise ValueError("engine: give at least one name")
+    return engines
+
+
 def run_offline(args: argparse.Namespace) -> int:
     from infer.bench.results import output_paths, timestamp
 
     config = engine_config_from_args(args)  # validates the flags before anything runs
     names = parse_workload_names(args.workload)
-    engines = list(ENGINES) if args.engine == "both" else [args.engine]
+    engines = parse_engines(args.engine)
+    if "vllm" in engines:
+        from infer.bench.vllm_peer import check_available
+
+        check_available()
     json_paths, plot_paths = output_paths(args.output, config.model, names, engines, timestamp())
     values = {k: v for k, v in vars(args).items() if k != "handler"}
     failed = False
-    if args.engine == "both":
+    if len(engines) > 1:
         context = multiprocessing.get_context("spawn")  # a fresh process (and GPU) per engine
         for engine in engines:
             child = context.Process(target=_engine_process, args=(values, engine, json_paths))
@@ -167,7 +188,7 @@ def run_offline(args: argparse.Namespace) -> int:
                 logger.error("the %s run failed (exit code %s)", engine, child.exitcode)
                 failed = True
     else:
-        failed = not _run_engine(values, args.engine, json_paths)
+        failed = not _run_engine(values, engines[0], json_paths)
     _report(names, engines, json_paths, plot_paths if args.plot else None)
     return 1 if failed else 0
 
@@ -190,11 +211,12 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
     config = engine_config_from_args(args)
     model_config = ModelConfig.from_hf_dict(resolve_model(config.model).hf_config)
     pairs = _workloads(args, model_config.vocab_size)
+    max_seq_len = config.resolved_max_seq_len(model_config)
     for workload, _ in pairs:
-        check_fits(workload, config.resolved_max_seq_len(model_config))
+        check_fits(workload, max_seq_len)
     device = config.resolved_device
     ceilings = measure_ceilings(device) if engine == "infer" and device.type == "cuda" else None
-    run, details = _engine_runner(engine, config, args.progress)
+    run, details = _engine_runner(engine, config, max_seq_len, args.progress)
     ok = True
     for workload, warmup in pairs:
         head: dict[str, Any] = {
@@ -229,11 +251,33 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
             )
         path = write_json(record, paths[workload.name, engine])
         _print_done(engine, workload.name, summary, path)
+        if summary["num_failed"] == 0 and _is_headline(args, device.type):
+            _record_score(f"offline/{_model_name(config.model)}/{workload.name}/{engine}", summary)
     return ok
 
 
+def _is_headline(args: argparse.Namespace, device_type: str) -> bool:
+    """Only GPU runs of workloads as defined (not scaled, capped or reseeded) are headline
+    figures (``infer.bench.scoreboard``)."""
+    defined = args.num_requests is None and args.max_tokens is None and args.seed == 0
+    return defined and device_type == "cuda"
+
+
+def _model_name(model: str) -> str:
+    """A preset's name, or a checkpoint's folder / file name (not the machine's path)."""
+    return Path(model).name if "/" in model and Path(model).exists() else model
+
+
+def _record_score(prefix: str, summary: dict[str, Any]) -> None:
+    from infer.bench.scoreboard import summary_values, update_many
+
+    values = summary_values(prefix, summary)
+    update_many(values)
+    print(f"scoreboard: {len(values)} figures under {prefix}/", flush=True)
+
+
 def _engine_runner(
-    engine: str, config: EngineConfig, progress: bool
+    engine: str, config: EngineConfig, max_seq_len: int, progress: bool
 ) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any]]:
     """``run(workload, warmup)`` for one engine (loaded once), and its settings to record."""
     if engine == "infer":
@@ -252,6 +296,12 @@ def _engine_runner(
             "cuda_graphs": config.cuda_graphs_enabled,
         }
         return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details
+
+    if engine == "vllm":
+        from infer.bench.vllm_peer import build_vllm, run_vllm
+
+        llm, details = build_vllm(config, max_seq_len)
+        return (lambda w, warm: run_vllm(llm, w, warm, progress)), details
 
     from infer.bench.hf_peer import build_hf_model, run_hf
 
@@ -348,6 +398,10 @@ def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path)
         parts.append(f"peak KV {summary['peak_kv_utilization']:.0%}")
     if "preemptions" in summary:
         parts.append(f"{summary['preemptions']} preemptions")
+    if "generate_output_tok_s" in summary:
+        parts.append(
+            f"same burst through LLM.generate {summary['generate_output_tok_s']:,.1f} tok/s"
+        )
     if summary["num_failed"]:
         parts.append(f"{summary['num_failed']} failed: {summary['errors']}")
     print(f"{engine} {workload}: {', '.join(parts)} → {path}", flush=True)

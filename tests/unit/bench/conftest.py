@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,6 +103,14 @@ class FakeServer:
         )
         event("[DONE]")
         writer.write(b"0\r\n\r\n")
+
+
+@pytest.fixture(autouse=True)
+def scoreboard_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test writes its scoreboard entries to a file of its own, never the checkout's."""
+    path = tmp_path / "scoreboard.json"
+    monkeypatch.setenv("INFER_SCOREBOARD", str(path))
+    return path
 
 
 @pytest.fixture
