@@ -27,6 +27,7 @@ from infer.engine.request import PENDING_TOKEN, Request, RequestOutput, TokenLog
 from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from infer.engine.structured import StructuredOutputs
 from infer.engine.warmup import warm_up_kernels
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.tokenizer import Message, Tokenizer
@@ -73,6 +74,7 @@ class Engine:
         if graphs is not None:
             graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self._inflight: Inflight | None = None
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -118,6 +120,7 @@ class Engine:
         request = Request(
             request_id, list(token_ids), len(token_ids), params, seed, frozenset(eos), detokenizer
         )
+        self.structured.attach(request)  # starts compiling its grammar, if it has one
         self.scheduler.add_request(request)
         self._requests[request_id] = request
         return request_id
@@ -208,7 +211,8 @@ class Engine:
 
     def _launch_ahead(self, inflight: Inflight) -> Inflight | None:
         """The next decode step of the in-flight one's requests, fed from its device tokens;
-        None when the next step needs the host first (admissions, preemption, penalties)."""
+        None when the next step needs the host first (admissions, preemption, penalties,
+        grammars)."""
         previous = inflight.launched
         if previous is None or not inflight.decode_only or self.scheduler.waiting:
             return None
@@ -222,7 +226,7 @@ class Engine:
             if not r.is_finished and not self._ends_by_length(r)
         ]
         requests = [previous.requests[i] for i in rows]
-        if not requests or any(r.params.needs_penalties for r in requests):
+        if not requests or any(r.params.needs_output_tokens for r in requests):
             return None
         if not all(self.pool.prepare_append(r.slot, 1) for r in requests):  # type: ignore[arg-type]
             return None

@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infer.engine.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from infer.engine.structured import RequestGrammar
 
 # Stands in ``Request.token_ids`` for a sampled token still on its way from the device.
 PENDING_TOKEN = -1
@@ -50,6 +54,7 @@ class Request:
     error: str | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    grammar: RequestGrammar | None = None  # its structured-outputs matcher, if constrained
 
     def __post_init__(self) -> None:
         params = self.params
@@ -63,6 +68,7 @@ class Request:
             and params.logprobs is None
             and params.min_tokens == 0
             and not params.logit_bias
+            and params.structured_outputs is None
         )
 
     @property

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
 from infer.engine.request import Request, RequestState
+from infer.engine.structured import next_admissible
 
 
 class QueueFullError(RuntimeError):
@@ -165,16 +166,18 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             if cap is not None and prefills >= cap:
                 break
-            request = self.waiting[0]
+            request = next_admissible(self.waiting, self.failed)  # grammar compiled, if any
+            if request is None:
+                break
             if admissible is not None and request.num_tokens > admissible and self.running:
                 break  # keep the reserve for running requests' growth
             if not self._start(request):
                 if not self.running:  # alone and still too big: it can never run
-                    self.waiting.popleft()
+                    self.waiting.remove(request)
                     request.finish("error", "the KV cache is too small for this request")
                     self.failed.append(request)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self.running.append(request)
             num_tokens = self._tokens_to_run(request, budget, prefills)
             if num_tokens == 0:
