@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 
@@ -87,7 +86,9 @@ def _llguidance(
         assert not matcher.is_error(), matcher.get_error()
         compile_ms.append(best * 1e3)
         for step, token in enumerate(_path(tokenizer, case["example"])):
-            _, seconds = _timed(lambda: llguidance.torch.fill_next_token_bitmask(matcher, bitmask))
+            _, seconds = _timed(
+                lambda m=matcher: llguidance.torch.fill_next_token_bitmask(m, bitmask)
+            )
             (mask_us if step else first_us).append(seconds * 1e6)
             assert matcher.consume_token(token), (case["name"], matcher.get_error())
         assert matcher.is_accepting(), case["name"]
@@ -118,7 +119,7 @@ def _xgrammar(
         compile_ms.append(best * 1e3)
         matcher = xgr.GrammarMatcher(compiled)
         for step, token in enumerate(_path(tokenizer, case["example"])):
-            _, seconds = _timed(lambda: matcher.fill_next_token_bitmask(bitmask))
+            _, seconds = _timed(lambda m=matcher: m.fill_next_token_bitmask(bitmask))
             (mask_us if step else first_us).append(seconds * 1e6)
             assert matcher.accept_token(token), case["name"]
         assert matcher.is_terminated() or matcher.accept_token(2), case["name"]

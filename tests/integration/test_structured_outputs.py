@@ -17,13 +17,9 @@ from infer.engine.sampling_params import StructuredOutputsParams
 CASES = json.loads((Path(__file__).parents[1] / "unit" / "data" / "json_schemas.json").read_text())
 
 
-def _ask(schema: dict[str, Any]) -> list[dict[str, str]]:
-    return [
-        {
-            "role": "user",
-            "content": f"Reply with JSON that follows this schema: {json.dumps(schema)}",
-        }
-    ]
+def _ask(name: str) -> list[dict[str, str]]:
+    """A short request (the grammar, not the prompt, makes the output valid)."""
+    return [{"role": "user", "content": f"Reply in JSON: a {name.replace('_', ' ')}."}]
 
 
 def test_twenty_json_schemas_all_parse_and_validate(smollm2_llm: Any) -> None:
@@ -36,7 +32,7 @@ def test_twenty_json_schemas_all_parse_and_validate(smollm2_llm: Any) -> None:
         )
         for i, case in enumerate(CASES)
     ]
-    results = smollm2_llm.chat([_ask(c["schema"]) for c in CASES], params, use_tqdm=False)
+    results = smollm2_llm.chat([_ask(c["name"]) for c in CASES], params, use_tqdm=False)
     for case, result in zip(CASES, results):
         out = result.outputs[0]
         assert out.finish_reason == "stop", (case["name"], out.text)
@@ -104,7 +100,7 @@ def test_cut_by_max_tokens_says_length(smollm2_llm: Any) -> None:
         max_tokens=3,
         structured_outputs=StructuredOutputsParams(json=CASES[-1]["schema"]),
     )
-    out = smollm2_llm.chat(_ask(CASES[-1]["schema"]), params, use_tqdm=False)[0].outputs[0]
+    out = smollm2_llm.chat(_ask(CASES[-1]["name"]), params, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "length"
     assert len(out.token_ids) == 3
 
