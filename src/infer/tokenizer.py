@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gguf import GGUFReader
 from tokenizers import Tokenizer as RustTokenizer
@@ -68,11 +68,16 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.rust.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[Message]) -> list[int]:
-        """Token ids of a conversation, ending with the assistant's turn opener."""
+    def apply_chat_template(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a conversation, ending with the assistant's turn opener; ``tools``
+        (OpenAI's function definitions) go to templates that render them."""
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.hf.apply_chat_template(
+            messages, tools=cast(Any, tools), tokenize=False, add_generation_prompt=True
+        )
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:

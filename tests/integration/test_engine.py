@@ -262,3 +262,15 @@ def test_the_cache_holds_exactly_the_prefilled_tokens_after_every_chunk(llama: s
         engine.step()
         (request,) = engine.scheduler.running
         assert engine.scheduler.num_computed(request) == expected
+
+
+def test_a_seeded_request_samples_the_same_tokens_with_and_without_async_scheduling(
+    llama: str,
+) -> None:
+    params = SamplingParams(temperature=0.9, seed=5, max_tokens=12, ignore_eos=True)
+    runs = []
+    for async_scheduling in (True, False):
+        engine = _engine(llama, use_async_scheduling=async_scheduling)
+        engine.add_request([3, 4, 5, 6], params, request_id="r")
+        runs.append(_drain(engine)["r"][-1].token_ids)
+    assert runs[0] == runs[1]

@@ -22,6 +22,7 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
+from infer.engine.structured import StructuredOutputs
 from infer.engine.warmup import warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
 from infer.loader import ModelSource, load_model, resolve_model
@@ -66,6 +67,7 @@ class Engine:
         if graphs is not None:
             graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self._inflight: Inflight | None = None
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -111,6 +113,7 @@ class Engine:
         request = Request(
             request_id, list(token_ids), len(token_ids), params, seed, frozenset(eos), detokenizer
         )
+        self.structured.attach(request)  # starts compiling its grammar, if it has one
         self.scheduler.add_request(request, bounded=False)
         self._requests[request_id] = request
         return request_id

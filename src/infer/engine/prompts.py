@@ -8,6 +8,7 @@ anything reaches the engine) share these rules.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from infer.tokenizer import Message, Tokenizer
 
@@ -38,7 +39,9 @@ class PromptEncoder:
             )
         return token_ids
 
-    def encode_chat(self, messages: list[Message]) -> list[int]:
+    def encode_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("messages: this model has no tokenizer, so no chat template")
-        return self.encode_prompt(self.tokenizer.apply_chat_template(messages))
+        return self.encode_prompt(self.tokenizer.apply_chat_template(messages, tools))

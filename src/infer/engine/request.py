@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infer.engine.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from infer.engine.structured import RequestGrammar
 
 
 class RequestState(enum.Enum):
@@ -49,6 +53,7 @@ class Request:
     error: str | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    grammar: RequestGrammar | None = None  # its structured-outputs matcher, if constrained
 
     def __post_init__(self) -> None:
         params = self.params
@@ -62,6 +67,7 @@ class Request:
             and params.logprobs is None
             and params.min_tokens == 0
             and not params.logit_bias
+            and params.structured_outputs is None
         )
 
     @property
@@ -89,6 +95,14 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
+
+    @property
+    def sampling_step(self) -> int:
+        """Which output the step being launched samples (0: the first). It counts the
+        samples still on the device, so a seed draws the same noise for the same output
+        whether or not the step was scheduled ahead."""
+        earlier_on_device = max(self.num_placeholders - 1, 0)  # the last is this step's
+        return self.num_output_tokens + earlier_on_device
 
     def reaches_length(self, num_tokens: int, max_seq_len: int) -> bool:
         """Whether ``num_tokens`` in all are as many as ``max_tokens`` or the context allow."""

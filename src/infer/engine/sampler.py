@@ -1,5 +1,5 @@
-"""Batched sampling on the device: logit bias, penalties, temperature, min-p, top-k, top-p,
-seeds.
+"""Batched sampling on the device: logit bias, penalties, grammar masks, temperature, min-p,
+top-k, top-p, seeds.
 
 Each row draws its randomness from a counter-based hash of (its seed, how many tokens it has
 generated, the vocabulary index), so a seeded request samples the same tokens whatever else
@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from infer.engine.request import Request
+from infer.engine.structured import fill_bitmask
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
@@ -54,6 +55,7 @@ class SamplingBatch:
     penalties: _Penalties | None
     bias: _LogitBias | None
     banned: tuple[Tensor, Tensor] | None  # (rows, token ids) that must not be sampled yet
+    allowed: _TokenBitmask | None  # the grammars' masks of the constrained rows
     num_logprobs: int | None  # top alternatives to report (None: no logprobs this step)
 
     @classmethod
@@ -66,7 +68,7 @@ class SamplingBatch:
         ).to(device, non_blocking=True)
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         ints = torch.tensor(
-            [[k, r.seed & (2**63 - 1), r.num_output_tokens] for k, r in zip(top_k, requests)],
+            [[k, r.seed & (2**63 - 1), r.sampling_step] for k, r in zip(top_k, requests)],
             dtype=torch.int64,
         ).to(device, non_blocking=True)
         temperature = floats[:, 0]
@@ -86,6 +88,7 @@ class SamplingBatch:
             penalties=_Penalties.build(requests, vocab_size, device),
             bias=_LogitBias.build(requests, device),
             banned=_banned_tokens(requests, device),
+            allowed=_TokenBitmask.build(requests, vocab_size, device),
             num_logprobs=max(requested) if requested else None,
         )
 
@@ -165,6 +168,34 @@ class _LogitBias:
         return logits.index_put((self.rows, self.token_ids), self.values, accumulate=True)
 
 
+@dataclass
+class _TokenBitmask:
+    """The tokens each constrained row's grammar allows next, one bit per token (filled on
+    the host by ``structured.fill_bitmask``); the others are set to -inf."""
+
+    rows: Tensor  # [R] int64
+    bits: Tensor  # [R, ceil(V / 32)] int32
+
+    @classmethod
+    def build(
+        cls, requests: list[Request], vocab_size: int, device: torch.device
+    ) -> _TokenBitmask | None:
+        filled = fill_bitmask(requests, vocab_size, device)
+        if filled is None:
+            return None
+        rows, bits = filled
+        return cls(
+            torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+            bits.to(device, non_blocking=True),
+        )
+
+    def apply(self, logits: Tensor) -> Tensor:
+        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+        allowed = ((self.bits[:, :, None] >> shifts) & 1).flatten(1)[:, : logits.shape[-1]]
+        masked = logits[self.rows].masked_fill(allowed == 0, float("-inf"))
+        return logits.index_copy(0, self.rows, masked)
+
+
 def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
     width = max((len(r) for r in rows), default=0) or 1
     table = torch.full((len(rows), width), pad, dtype=torch.int64)
@@ -178,7 +209,7 @@ def _banned_tokens(requests: list[Request], device: torch.device) -> tuple[Tenso
     rows: list[int] = []
     tokens: list[int] = []
     for i, r in enumerate(requests):
-        if r.num_output_tokens < r.params.min_tokens:
+        if r.sampling_step < r.params.min_tokens:
             stops = set(r.params.stop_token_ids) | (
                 set() if r.params.ignore_eos else set(r.eos_token_ids)
             )
@@ -206,6 +237,8 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     if batch.penalties is not None:
         logits = batch.penalties.apply(logits)
+    if batch.allowed is not None:
+        logits = batch.allowed.apply(logits)
     if batch.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:

@@ -4,8 +4,43 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from infer.engine.structured import grammar_for
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on each ``logit_bias`` value
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the output, as vLLM names it: exactly one of a JSON schema (``json``,
+    a dict or its text), any JSON object (``json_object``), a regular expression (``regex``),
+    one of some strings (``choice``), or a Lark/EBNF grammar (``grammar``).
+
+    It is checked (and turned into the grammar the engine compiles) when it is made, so an
+    invalid one raises ``ValueError`` naming the field here, never in the engine."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # The checked grammar in the library's format; what the engine compiles and caches by.
+    compiled_grammar: str = field(init=False, repr=False, compare=False, default="")
+
+    def __post_init__(self) -> None:
+        given = {
+            name: value
+            for name in ("json", "regex", "choice", "grammar", "json_object")
+            if (value := getattr(self, name)) is not None and value is not False
+        }
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs: exactly one of json, regex, choice, grammar or "
+                f"json_object must be given, got {sorted(given) or 'none'}"
+            )
+        ((kind, value),) = given.items()
+        object.__setattr__(self, "compiled_grammar", grammar_for(kind, value))
 
 
 @dataclass
@@ -32,6 +67,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id → added to its logit
     skip_special_tokens: bool = True
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -149,6 +185,13 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+    @property
+    def needs_output_tokens(self) -> bool:
+        """Whether sampling reads the output so far on the host (penalties count it, a
+        grammar's mask follows it), so a step cannot be queued before the previous one's
+        tokens are known."""
+        return self.needs_penalties or self.structured_outputs is not None
 
 
 def _require(ok: bool, name: str, message: str) -> None:

@@ -32,6 +32,7 @@ from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
 from infer.engine.output import record_token
 from infer.engine.request import Request, RequestState, TokenLogprob
+from infer.engine.structured import next_admissible
 
 # A request in this many failed steps is failed, even where it never failed alone.
 MAX_FAILED_STEPS = 3
@@ -169,7 +170,7 @@ class Scheduler:
             if not r.is_finished and not r.reaches_length(r.num_scheduled_tokens, self.max_seq_len)
         ]
         requests = [previous.chunks[i].request for i in rows]
-        if not requests or any(r.params.needs_penalties for r in requests):
+        if not requests or any(r.params.needs_output_tokens for r in requests):
             return None
         if not all(self.pool.prepare_append(r.seq_id, 1) for r in requests):  # type: ignore[arg-type]
             return None
@@ -260,16 +261,18 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             if cap is not None and prefills >= cap:
                 break
-            request = self.waiting[0]
+            request = next_admissible(self.waiting, out.failed)  # grammar compiled, if any
+            if request is None:
+                break
             if admissible is not None and request.num_tokens > admissible and self.running:
                 break  # keep the reserve for running requests' growth
             if not self._start(request):
                 if not self.running:  # alone and still too big: it can never run
-                    self.waiting.popleft()
+                    self.waiting.remove(request)
                     request.finish("error", "the KV cache is too small for this request")
                     out.failed.append(request)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self.running.append(request)
             num_tokens = self._tokens_to_run(request, budget, prefills)
             if num_tokens == 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -312,8 +313,11 @@ class AsyncEngine:
             return self.prompts.encode_prompt(prompt)
         return await self._in_tokenizer_thread(self.prompts.encode_prompt, prompt)
 
-    async def encode_chat(self, messages: list[Message]) -> list[int]:
-        return await self._in_tokenizer_thread(self.prompts.encode_chat, messages)
+    async def encode_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        encode = functools.partial(self.prompts.encode_chat, tools=tools)
+        return await self._in_tokenizer_thread(encode, messages)
 
     async def _in_tokenizer_thread(self, fn: Callable[[Any], T], arg: Any) -> T:
         assert self._loop is not None

@@ -1,4 +1,5 @@
-"""``POST /v1/chat/completions``: conversations through the model's chat template."""
+"""``POST /v1/chat/completions``: conversations through the model's chat template, with
+tools (``tool_calls.py``) when the request declares them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from infer.server.protocol import (
     SamplingRequest,
 )
 from infer.server.serving import Context, OpenAIServing
+from infer.server.tool_calls import ToolCalls, render
 
 
 class ChatServing(OpenAIServing):
@@ -27,9 +29,12 @@ class ChatServing(OpenAIServing):
 
     async def encode(self, request: SamplingRequest) -> list[list[int]]:
         assert isinstance(request, ChatCompletionRequest)
-        messages = [message.for_template() for message in request.messages]
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
+        messages, tools_for_template = render(
+            [message.for_template() for message in request.messages], tools, self._template()
+        )
         try:
-            return [await self.engine.encode_chat(messages)]
+            return [await self.engine.encode_chat(messages, tools_for_template)]
         except TemplateError as exc:
             raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
         except ValueError as exc:  # the rendered prompt is what ``messages`` became
@@ -38,6 +43,14 @@ class ChatServing(OpenAIServing):
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, ChatCompletionRequest)
         return request.sampling_params(request.requested_max_tokens, request.num_logprobs)
+
+    def tool_calls(self, request: SamplingRequest) -> ToolCalls | None:
+        assert isinstance(request, ChatCompletionRequest)
+        return ToolCalls.of(request, self._template())
+
+    def _template(self) -> str | None:
+        tokenizer = self.engine.prompts.tokenizer
+        return None if tokenizer is None else tokenizer.hf.chat_template
 
     def stream_start(self, ctx: Context) -> list[str]:
         opener = ChatDelta(role="assistant", content="")
@@ -48,11 +61,15 @@ class ChatServing(OpenAIServing):
     def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
         if not (update.token_ids or update.final):
             return None
+        content: str | None = update.text
+        calls, finish_reason = None, update.finish_reason
+        if ctx.tool_calls is not None:
+            content, calls, finish_reason = ctx.tool_calls.delta(index, update.text, finish_reason)
         choice = ChatChunkChoice(
             index=index,
-            delta=ChatDelta(content=update.text),
+            delta=ChatDelta(content=content, tool_calls=calls),
             logprobs=self._logprobs(ctx, update.logprobs),
-            finish_reason=update.finish_reason,
+            finish_reason=finish_reason,
             token_ids=ctx.token_ids(update.token_ids),
         )
         return self._chunk(ctx, choice)
@@ -63,16 +80,23 @@ class ChatServing(OpenAIServing):
         ).model_dump_json()
 
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
-        choices = [
-            ChatChoice(
-                index=index,
-                message=ChatResponseMessage(content=out.text),
-                logprobs=self._logprobs(ctx, out.logprobs),
-                finish_reason=out.finish_reason,
-                token_ids=ctx.token_ids(out.token_ids),
+        choices = []
+        for index, out in enumerate(finals):
+            message = ChatResponseMessage(content=out.text)
+            finish_reason = out.finish_reason
+            if ctx.tool_calls is not None:
+                said = ctx.tool_calls.message(out.text, finish_reason)
+                message = ChatResponseMessage(content=said.content, tool_calls=said.tool_calls)
+                finish_reason = said.finish_reason
+            choices.append(
+                ChatChoice(
+                    index=index,
+                    message=message,
+                    logprobs=self._logprobs(ctx, out.logprobs),
+                    finish_reason=finish_reason,
+                    token_ids=ctx.token_ids(out.token_ids),
+                )
             )
-            for index, out in enumerate(finals)
-        ]
         return ChatCompletionResponse(
             id=ctx.request_id,
             created=ctx.created,

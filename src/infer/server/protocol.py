@@ -16,7 +16,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from infer.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from infer.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    SamplingParams,
+    StructuredOutputsParams,
+)
+from infer.engine.structured import GrammarError
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -35,18 +40,12 @@ class Unsupported:
     harmless: tuple[Any, ...] = ()
 
 
-_TOOLS = "tool calling is not supported yet"
+_LEGACY = "the legacy function-calling fields are not supported (use tools and tool_choice)"
 # The one list of OpenAI fields this server does not honour. Remove an entry when its
 # field is implemented (declared on a request model).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
-    "response_format": Unsupported("structured outputs are not supported yet", ({"type": "text"},)),
-    "tools": Unsupported(_TOOLS, ([],)),
-    "tool_choice": Unsupported(_TOOLS, ("none",)),
-    "functions": Unsupported(_TOOLS, ([],)),
-    "function_call": Unsupported(_TOOLS, ("none",)),
-    "parallel_tool_calls": Unsupported(_TOOLS, (True, False)),
-    "tool_calls": Unsupported(_TOOLS, ([],)),
-    "tool_call_id": Unsupported(_TOOLS),
+    "functions": Unsupported(_LEGACY, ([],)),
+    "function_call": Unsupported(_LEGACY, ("none",)),
     "best_of": Unsupported("not supported (use n)", (1,)),
     "echo": Unsupported("not supported", (False,)),
     "suffix": Unsupported("not supported", ("",)),
@@ -100,6 +99,39 @@ PromptBatch = Annotated[list[TokenIds], Field(min_length=1)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # JSON object keys are strings
 
 
+class JsonSchemaFormat(_Request):
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON that validates
+    against ``json_schema.schema`` (always enforced, ``strict`` or not)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(
+                "response_format.json_schema: required when type is json_schema, and only then"
+            )
+        return self
+
+
+class StructuredOutputs(_Request):
+    """vLLM's ``structured_outputs``: exactly one constraint (``StructuredOutputsParams``)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(_Request):
     """Fields shared by completions and chat completions."""
 
@@ -127,6 +159,8 @@ class SamplingRequest(_Request):
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # vLLM: choices (and chunks) carry the new token ids
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:
@@ -159,7 +193,32 @@ class SamplingRequest(_Request):
             logprobs=logprobs,
             logit_bias=_token_keys(self.logit_bias or {}),
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.constraint(),
         )
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The output's constraint from ``response_format`` or ``structured_outputs``
+        (``ValueError`` naming the field, e.g. ``response_format.json_schema.schema``)."""
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text":
+            if self.structured_outputs is not None:
+                raise ValueError("structured_outputs: cannot be combined with response_format")
+            if fmt.json_schema is None:
+                return constraint("response_format", json_object=True)
+            return constraint("response_format.json_schema.schema", json=fmt.json_schema.schema_)
+        so = self.structured_outputs
+        if so is None:
+            return None
+        try:
+            return StructuredOutputsParams(
+                json=so.json_,
+                regex=so.regex,
+                choice=so.choice,
+                grammar=so.grammar,
+                json_object=so.json_object,
+            )
+        except GrammarError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class CompletionRequest(SamplingRequest):
@@ -182,22 +241,65 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallIn(_Request):
+    """A tool call of an earlier assistant turn, sent back with the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: the call they answer
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it (text parts joined; developer = system;
-        ``name`` passed on for templates that use it)."""
+        ``name`` passed on for templates that use it; tool calls as OpenAI writes them)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        message = {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionDefinition(_Request):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -206,12 +308,72 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: only allowed when logprobs is true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_needs_tools(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        names = [tool.function.name for tool in self.tools or []]
+        forcing = choice == "required" or isinstance(choice, NamedToolChoice)
+        if (forcing or choice == "auto") and not names:
+            raise ValueError("tool_choice: needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice.function.name: {choice.function.name!r} is not one of the tools"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        return self
+
+    @property
+    def forces_tool_call(self) -> bool:
+        """``tool_choice`` is ``required`` or names a function: the output is constrained."""
+        return self.tools is not None and (
+            self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        )
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """A forced tool call's grammar (arguments that validate against the function's
+        parameters), else the ``response_format``/``structured_outputs`` constraint."""
+        if not self.forces_tool_call:
+            return super().constraint()
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("tool_choice: cannot force a tool call with a response_format")
+        if self.structured_outputs is not None:
+            raise ValueError("tool_choice: cannot force a tool call with structured_outputs")
+        try:
+            return StructuredOutputsParams(json=self._forced_call_schema())
+        except GrammarError as exc:
+            for i, tool in enumerate(self.tools or []):  # name the tool whose schema is bad
+                constraint(f"tools.{i}.function.parameters", json=_parameters(tool))
+            raise ValueError(f"tools: {exc.detail}") from None
+
+    def _forced_call_schema(self) -> dict[str, Any]:
+        """What a forced call writes: the named function's arguments, or (``required``) a
+        JSON array of ``{"name": ..., "arguments": ...}`` calls of the tools."""
+        tools = self.tools or []
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            return next(_parameters(t) for t in tools if t.function.name == name)
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        single = {"maxItems": 1} if self.parallel_tool_calls is False else {}
+        return {"type": "array", "minItems": 1, **single, "items": {"anyOf": calls}}
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -248,6 +410,11 @@ def _token_ids_field() -> Any:
     return Field(None, exclude_if=lambda value: value is None)
 
 
+def _omitted_when_none() -> Any:
+    """A field in the JSON only when set (``tool_calls``: absent, as OpenAI writes it)."""
+    return Field(None, exclude_if=lambda value: value is None)
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
@@ -281,9 +448,21 @@ class ChatLogprobs(_Response):
     refusal: list[ChatTokenLogprob] | None = None
 
 
+class ToolCallFunction(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = _omitted_when_none()
 
 
 class ChatChoice(_Response):
@@ -304,9 +483,25 @@ class ChatCompletionResponse(_Response):
     system_fingerprint: str | None = None
 
 
+class DeltaFunction(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response):
+    """A streamed piece of a tool call: the first of each call has its id, type and name;
+    the call's ``arguments`` are the concatenation of every piece's."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 
 class ChatChunkChoice(_Response):
@@ -349,6 +544,19 @@ class ErrorInfo(_Response):
 
 class ErrorResponse(_Response):
     error: ErrorInfo
+
+
+def constraint(field: str, **kind: Any) -> StructuredOutputsParams:
+    """``StructuredOutputsParams(**kind)``, its errors naming ``field`` (where it came from)."""
+    try:
+        return StructuredOutputsParams(**kind)
+    except GrammarError as exc:
+        raise ValueError(f"{field}: {exc.detail}") from None
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    """A function's arguments schema (any JSON object when it declares none)."""
+    return tool.function.parameters or {"type": "object"}
 
 
 def _default(value: Any, default: Any) -> Any:

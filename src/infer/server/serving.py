@@ -36,6 +36,7 @@ from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.protocol import SamplingRequest, Usage
 from infer.server.retry_after import RetryAfterEstimator
+from infer.server.tool_calls import ToolCalls
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Context:
     return_token_ids: bool
     text_offsets: list[int] = field(default_factory=list)  # per choice, for logprobs
     completion_tokens: int = 0
+    tool_calls: ToolCalls | None = None  # chat requests with tools
 
     def token_ids(self, ids: list[int]) -> list[int] | None:
         return ids if self.return_token_ids else None
@@ -101,6 +103,10 @@ class OpenAIServing(ABC):
 
     @abstractmethod
     def sampling_params(self, request: SamplingRequest) -> SamplingParams: ...
+
+    def tool_calls(self, request: SamplingRequest) -> ToolCalls | None:
+        """How tool calls are read from the output (chat requests with tools)."""
+        return None
 
     def stream_start(self, ctx: Context) -> list[str]:
         """JSON chunks sent before any token."""
@@ -163,6 +169,7 @@ class OpenAIServing(ABC):
             num_logprobs=params.logprobs,
             include_usage=request.include_usage,
             return_token_ids=request.return_token_ids,
+            tool_calls=self.tool_calls(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
         sequences = [(p, params.nth_sample(j)) for p in prompts for j in range(params.n)]

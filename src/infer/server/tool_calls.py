@@ -1,0 +1,323 @@
+"""Tool calling for ``/v1/chat/completions``: tools into the prompt, tool calls out of the
+output, in each model family's own format.
+
+- Formats: Hermes (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``: Qwen3,
+  SmolLM2, Hermes and most ChatML models) and Llama 3.x JSON (``{"name": ...,
+  "parameters": ...}``, after ``<|python_tag|>`` or alone). Which one a model writes is read
+  from its chat template.
+- The prompt: a template that renders ``tools`` gets them (and the conversation's tool calls
+  and results) as transformers passes them; one that does not (SmolLM2's) gets the Hermes
+  system prompt and the calls and results written out in the Hermes format.
+- ``tool_choice``: ``auto`` parses what the model wrote (text that is no tool call stays
+  content); ``required`` and a named function are constrained by a grammar built from the
+  functions' parameters (``ChatCompletionRequest.constraint``), so their arguments always
+  validate: the output is then a JSON array of calls, or the named function's arguments.
+  ``none`` returns text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.server.protocol import (
+    ChatCompletionRequest,
+    DeltaFunction,
+    DeltaToolCall,
+    NamedToolChoice,
+    ToolCall,
+    ToolCallFunction,
+)
+
+HERMES_SYSTEM_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures within "
+    "<tools></tools> XML tags. You may call one or more functions to assist with the user "
+    "query. Don't make assumptions about what values to plug into functions. Here are the "
+    "available tools: <tools>\n{tools}\n</tools>\nFor each function call, return a JSON object "
+    "with the function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """How a model family writes tool calls in its output."""
+
+    name: str
+    opener: str  # text that starts a call ("" for formats recognised by their first "{")
+    arguments_key: str
+
+    def start(self, text: str) -> int | None:
+        """Where the tool calls begin in ``text`` (None: nowhere, so far)."""
+        if self.opener:
+            index = text.find(self.opener)
+            return None if index < 0 else index
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if stripped.startswith("{") else None
+
+    def held_back(self, text: str) -> int:
+        """How many trailing characters of ``text`` (no call in it) may still begin one."""
+        if not self.opener:
+            return len(text) if not text.strip() else 0
+        for size in range(min(len(self.opener) - 1, len(text)), 0, -1):
+            if self.opener.startswith(text[-size:]):
+                return size
+        return 0
+
+    def parse(self, text: str) -> list[tuple[str, Any]]:
+        """``(name, arguments)`` of each well-formed call in ``text`` (from ``start``)."""
+        if self.opener:
+            bodies = re.findall(
+                re.escape(self.opener) + r"\s*(.*?)\s*(?:</tool_call>|$)", text, re.DOTALL
+            )
+        else:
+            bodies = [text]
+        calls = []
+        for body in bodies:
+            for value in _json_values(body):
+                if isinstance(value, dict) and isinstance(value.get("name"), str):
+                    calls.append((value["name"], value.get(self.arguments_key, {})))
+        return calls
+
+
+HERMES = ToolCallFormat("hermes", "<tool_call>", "arguments")
+LLAMA3_JSON = ToolCallFormat("llama3_json", "", "parameters")
+
+
+def tool_call_format(chat_template: str | None) -> ToolCallFormat:
+    """The format a model writes, from its chat template (Hermes when it does not say)."""
+    template = chat_template or ""
+    if "<tool_call>" not in template and ("<|python_tag|>" in template or "ipython" in template):
+        return LLAMA3_JSON
+    return HERMES
+
+
+def template_renders_tools(chat_template: str | None) -> bool:
+    return chat_template is not None and "tools" in chat_template
+
+
+def render(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, chat_template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation and tools to hand to the chat template. Tool-call arguments become
+    objects (templates write them with ``tojson``); for a template that knows nothing of
+    tools, the tools go into the system prompt and calls and results into the text."""
+    if template_renders_tools(chat_template):
+        return [_with_argument_objects(m) for m in messages], tools
+    if not tools and not any("tool_calls" in m or m["role"] == "tool" for m in messages):
+        return messages, None
+    rendered = [_as_hermes_text(m) for m in messages]
+    if tools:
+        prompt = HERMES_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        if rendered and rendered[0]["role"] == "system":
+            prompt = f"{rendered[0]['content']}\n\n{prompt}"
+            rendered = rendered[1:]
+        rendered.insert(0, {"role": "system", "content": prompt})
+    return rendered, None
+
+
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    if "tool_calls" not in message:
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call["function"])
+        function["arguments"] = _loads_or_keep(function["arguments"])
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}
+
+
+def _as_hermes_text(message: dict[str, Any]) -> dict[str, Any]:
+    if message["role"] == "tool":
+        return {
+            "role": "user",
+            "content": f"<tool_response>\n{message['content']}\n</tool_response>",
+        }
+    if "tool_calls" not in message:
+        return message
+    text = [message["content"]] if message["content"] else []
+    for call in message["tool_calls"]:
+        function = call["function"]
+        body = {"name": function["name"], "arguments": _loads_or_keep(function["arguments"])}
+        text.append(f"<tool_call>\n{json.dumps(body)}\n</tool_call>")
+    return {"role": "assistant", "content": "\n".join(text)}
+
+
+def _loads_or_keep(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _json_values(text: str) -> list[Any]:
+    """The JSON values written one after another in ``text`` (separators between them
+    skipped); stops at the first text that is not JSON."""
+    decoder = json.JSONDecoder()
+    values: list[Any] = []
+    index = 0
+    while True:
+        while index < len(text) and text[index] in " \t\r\n;,":
+            index += 1
+        if index >= len(text):
+            return values
+        try:
+            value, index = decoder.raw_decode(text, index)
+        except ValueError:
+            return values
+        values.append(value)
+
+
+@dataclass
+class Message:
+    """What a choice says in the end: its text, its tool calls, and why it stopped."""
+
+    content: str | None
+    tool_calls: list[ToolCall] | None
+    finish_reason: str | None
+
+
+@dataclass
+class _ChoiceStream:
+    text: str = ""  # all the output so far
+    sent: int = 0  # characters of it sent as content
+    in_calls: bool = False  # past the start of the tool calls: held until the end
+    named_started: bool = False
+
+
+@dataclass
+class ToolCalls:
+    """A chat request's tool calling: how each choice's output becomes tool calls, whole or
+    streamed. Streaming sends content as it comes, holding back text that may begin a call;
+    the calls themselves go out once the choice has finished (each call in one delta), apart
+    from a named function's arguments, which stream as they are written."""
+
+    mode: str  # "none" | "auto" | "required" | "named"
+    format: ToolCallFormat
+    names: frozenset[str]
+    named: str | None = None
+    parallel: bool = True
+    _streams: dict[int, _ChoiceStream] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest, chat_template: str | None) -> ToolCalls | None:
+        """None when the request declares no tools (its output is plain content)."""
+        if not request.tools:
+            return None
+        choice = request.tool_choice or "auto"
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        return cls(
+            mode="named" if named is not None else str(choice),
+            format=tool_call_format(chat_template),
+            names=frozenset(t.function.name for t in request.tools),
+            named=named,
+            parallel=request.parallel_tool_calls is not False,
+        )
+
+    # --- whole responses ---------------------------------------------------------------
+    def message(self, text: str, finish_reason: str | None) -> Message:
+        if self.mode == "named":
+            assert self.named is not None
+            return self._calls([(self.named, text)], None, finish_reason)
+        start = None if self.mode == "none" else self._start(text)
+        if start is None:
+            return Message(text, None, finish_reason)
+        calls = self._parse(text[start:])
+        if not calls:
+            return Message(text, None, finish_reason)
+        return self._calls(calls, text[:start].strip() or None, finish_reason)
+
+    def _start(self, text: str) -> int | None:
+        return 0 if self.mode == "required" else self.format.start(text)
+
+    def _parse(self, text: str) -> list[tuple[str, Any]]:
+        if self.mode == "required":  # a JSON array of {"name", "arguments"}, by grammar
+            values = _json_values(text)
+            items = values[0] if values and isinstance(values[0], list) else []
+            calls = [(c["name"], c["arguments"]) for c in items if isinstance(c, dict)]
+        else:
+            calls = self.format.parse(text)
+        calls = [(name, args) for name, args in calls if name in self.names]
+        return calls if self.parallel else calls[:1]
+
+    def _calls(
+        self, calls: list[tuple[str, Any]], content: str | None, finish_reason: str | None
+    ) -> Message:
+        tool_calls = [
+            ToolCall(id=_call_id(), function=ToolCallFunction(name=name, arguments=_text(args)))
+            for name, args in calls
+        ]
+        return Message(content, tool_calls, _finish(finish_reason))
+
+    # --- streams -----------------------------------------------------------------------
+    def delta(
+        self, index: int, new_text: str, finish_reason: str | None
+    ) -> tuple[str | None, list[DeltaToolCall] | None, str | None]:
+        """A choice's next chunk: (content, tool-call deltas, finish reason)."""
+        stream = self._streams.setdefault(index, _ChoiceStream())
+        stream.text += new_text
+        if self.mode == "named":
+            return self._named_delta(stream, new_text, finish_reason)
+        content = None
+        if not stream.in_calls:
+            start = None if self.mode == "none" else self._start(stream.text[stream.sent :])
+            if start is None:
+                end = len(stream.text)
+                if finish_reason is None and self.mode != "none":
+                    end -= self.format.held_back(stream.text[stream.sent :])
+                return self._content(stream, end), None, finish_reason
+            stream.in_calls = True
+            content = self._content(stream, stream.sent + start)
+        if finish_reason is None:
+            return content, None, None
+        message = self.message(stream.text, finish_reason)
+        if message.tool_calls is None:  # not a call after all: it is content
+            rest = self._content(stream, len(stream.text))
+            return (content or "") + (rest or "") or None, None, finish_reason
+        deltas = [
+            DeltaToolCall(
+                index=i,
+                id=call.id,
+                type="function",
+                function=DeltaFunction(name=call.function.name, arguments=call.function.arguments),
+            )
+            for i, call in enumerate(message.tool_calls)
+        ]
+        return content, deltas, message.finish_reason
+
+    def _content(self, stream: _ChoiceStream, end: int) -> str | None:
+        text = stream.text[stream.sent : end]
+        stream.sent = max(stream.sent, end)
+        return text or None
+
+    def _named_delta(
+        self, stream: _ChoiceStream, new_text: str, finish_reason: str | None
+    ) -> tuple[str | None, list[DeltaToolCall] | None, str | None]:
+        if stream.named_started:
+            delta = DeltaToolCall(index=0, function=DeltaFunction(arguments=new_text))
+        else:
+            stream.named_started = True
+            delta = DeltaToolCall(
+                index=0,
+                id=_call_id(),
+                type="function",
+                function=DeltaFunction(name=self.named, arguments=new_text),
+            )
+        reason = None if finish_reason is None else _finish(finish_reason)
+        return None, [delta], reason
+
+
+def _finish(reason: str | None) -> str | None:
+    """A choice that stopped by itself with calls stopped to call them."""
+    return "tool_calls" if reason == "stop" else reason
+
+
+def _text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"

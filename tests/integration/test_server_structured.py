@@ -1,0 +1,232 @@
+"""``response_format``, ``structured_outputs`` and tools through the server, with the
+official ``openai`` client and SmolLM2 on the CPU."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from infer.server import build_server, serve_in_thread
+
+MODEL = "smollm2-135m"
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "b": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+ASK_WEATHER: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def url(smollm2_llm: Any) -> Iterator[str]:
+    server = build_server(smollm2_llm.config, port=0, log_level="warning")
+    with serve_in_thread(server) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def test_response_format_json_schema_chat_and_completions(client: openai.OpenAI) -> None:
+    fmt: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": WEATHER, "strict": True},
+    }
+    chat = client.chat.completions.create(
+        model=MODEL, messages=ASK_WEATHER, max_tokens=40, temperature=0, response_format=fmt
+    )
+    assert chat.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(chat.choices[0].message.content or ""), WEATHER)
+    completion = client.completions.create(
+        model=MODEL,
+        prompt="Weather report as JSON:",
+        max_tokens=40,
+        n=2,
+        temperature=1.0,
+        seed=5,
+        extra_body={"response_format": fmt},
+    )
+    for choice in completion.choices:
+        jsonschema.validate(json.loads(choice.text), WEATHER)
+
+
+def test_json_object_and_vllm_structured_outputs(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give me a JSON object with a name."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    text = chat.choices[0].message.content or ""
+    if chat.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:
+        assert text.startswith("{")
+    chosen = client.completions.create(
+        model=MODEL,
+        prompt="Is the sky blue? Answer:",
+        max_tokens=5,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert chosen.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_gives_valid_tool_calls(client: openai.OpenAI, stream: bool) -> None:
+    calls, finish = _tool_calls(client, stream, tool_choice="required")
+    assert finish == "tool_calls"
+    assert calls
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), schemas[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_gives_its_function(client: openai.OpenAI, stream: bool) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    calls, finish = _tool_calls(client, stream, tool_choice=choice, parallel_tool_calls=False)
+    assert finish == "tool_calls"
+    assert [name for name, _ in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0][1]), WEATHER)
+
+
+def _tool_calls(
+    client: openai.OpenAI, stream: bool, **fields: Any
+) -> tuple[list[tuple[str, str]], str | None]:
+    """(name, arguments) of each tool call, and the finish reason, streamed or not."""
+    common: Any = {"model": MODEL, "messages": ASK_WEATHER, "max_tokens": 80, "temperature": 0}
+    if not stream:
+        response = client.chat.completions.create(**common, tools=TOOLS, **fields)
+        message = response.choices[0].message
+        assert message.content is None
+        assert message.tool_calls
+        assert all(call.id.startswith("call_") for call in message.tool_calls)
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls]  # type: ignore[union-attr]
+        return calls, response.choices[0].finish_reason
+    merged: dict[int, list[str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**common, tools=TOOLS, stream=True, **fields):
+        choice = chunk.choices[0]
+        assert not choice.delta.content
+        for delta in choice.delta.tool_calls or []:
+            assert delta.function is not None
+            if delta.id is not None:
+                merged[delta.index] = [delta.function.name or "", ""]
+            merged[delta.index][1] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return [(name, args) for name, args in merged.values()], finish
+
+
+def test_tool_results_go_back_into_the_conversation(client: openai.OpenAI) -> None:
+    conversation: Any = [
+        *ASK_WEATHER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "celsius"}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+    ]
+    response = client.chat.completions.create(
+        model=MODEL, messages=conversation, tools=TOOLS, max_tokens=16, temperature=0
+    )
+    assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "param"),
+    [
+        (
+            "chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            "completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+        ("completions", {"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex"),
+        (
+            "chat/completions",
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools.0.function.parameters",
+        ),
+        (
+            "chat/completions",
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
+        ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_bad_constraints_get_a_400_naming_the_field(
+    url: str, endpoint: str, fields: dict[str, Any], param: str
+) -> None:
+    body: dict[str, Any] = (
+        {"prompt": "hi"} if endpoint == "completions" else {"messages": ASK_WEATHER}
+    )
+    response = httpx.post(f"{url}/v1/{endpoint}", json={**body, "max_tokens": 4, **fields})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"].startswith(f"{param}: ")

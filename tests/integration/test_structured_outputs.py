@@ -1,0 +1,127 @@
+"""Structured outputs with the real SmolLM2 on the CPU: every constrained output parses and
+validates, and constraints change nothing for the requests that have none."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from infer import SamplingParams
+from infer.engine.sampling_params import StructuredOutputsParams
+
+CASES = json.loads((Path(__file__).parents[1] / "unit" / "data" / "json_schemas.json").read_text())
+
+
+def _ask(name: str) -> list[dict[str, str]]:
+    """A short request (the grammar, not the prompt, makes the output valid)."""
+    return [{"role": "user", "content": f"Reply in JSON: a {name.replace('_', ' ')}."}]
+
+
+def test_twenty_json_schemas_all_parse_and_validate(smollm2_llm: Any) -> None:
+    params = [
+        SamplingParams(
+            temperature=0.7 if i % 2 else 0.0,
+            seed=i,
+            max_tokens=100,
+            structured_outputs=StructuredOutputsParams(json=case["schema"]),
+        )
+        for i, case in enumerate(CASES)
+    ]
+    results = smollm2_llm.chat([_ask(c["name"]) for c in CASES], params, use_tqdm=False)
+    for case, result in zip(CASES, results):
+        out = result.outputs[0]
+        assert out.finish_reason == "stop", (case["name"], out.text)
+        jsonschema.validate(json.loads(out.text), case["schema"])
+
+
+def test_regex_and_choice(smollm2_llm: Any) -> None:
+    pattern = r"[A-Z][a-z]{2,8} [0-9]{1,3}"
+    params = [
+        SamplingParams(
+            n=2,
+            temperature=1.0,
+            seed=3,
+            max_tokens=16,
+            structured_outputs=StructuredOutputsParams(regex=pattern),
+        ),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=8,
+            structured_outputs=StructuredOutputsParams(choice=["positive", "negative"]),
+        ),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=24,
+            structured_outputs=StructuredOutputsParams(
+                grammar='start: "(" NUM " " OP " " NUM ")"\nNUM: /[0-9]{1,2}/\nOP: "+" | "-"'
+            ),
+        ),
+    ]
+    prompts = ["A name and a number:", "Review: I loved it. Sentiment:", "An arithmetic sum:"]
+    regex, choice, grammar = smollm2_llm.generate(prompts, params, use_tqdm=False)
+    assert len(regex.outputs) == 2
+    for out in regex.outputs:
+        assert re.fullmatch(pattern, out.text), out.text
+    assert choice.outputs[0].text in ("positive", "negative")
+    assert re.fullmatch(r"\([0-9]{1,2} [+-] [0-9]{1,2}\)", grammar.outputs[0].text)
+
+
+def test_free_requests_get_the_same_tokens_beside_constrained_ones(smollm2_llm: Any) -> None:
+    free = [
+        SamplingParams(temperature=0.0, max_tokens=12),
+        SamplingParams(temperature=0.9, seed=11, max_tokens=12),
+    ]
+    prompts = ["The capital of France is", "Once upon a time"]
+    alone = smollm2_llm.generate(prompts, free, use_tqdm=False)
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=12,
+        structured_outputs=StructuredOutputsParams(json=CASES[0]["schema"]),
+    )
+    mixed = smollm2_llm.generate(
+        [prompts[0], "Describe a person:", prompts[1]],
+        [free[0], constrained, free[1]],
+        use_tqdm=False,
+    )
+    assert [r.outputs[0].token_ids for r in alone] == [
+        mixed[0].outputs[0].token_ids,
+        mixed[2].outputs[0].token_ids,
+    ]
+
+
+def test_cut_by_max_tokens_says_length(smollm2_llm: Any) -> None:
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=3,
+        structured_outputs=StructuredOutputsParams(json=CASES[-1]["schema"]),
+    )
+    out = smollm2_llm.chat(_ask(CASES[-1]["name"]), params, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "length"
+    assert len(out.token_ids) == 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "field"),
+    [
+        ("json", {"type": "nonsense"}, "structured_outputs.json"),
+        ("json", "{not json", "structured_outputs.json"),
+        ("regex", "a(b", "structured_outputs.regex"),
+        ("choice", [], "structured_outputs.choice"),
+        ("grammar", "start: undefined_rule", "structured_outputs.grammar"),
+    ],
+)
+def test_bad_constraints_raise_naming_the_field(kind: str, value: Any, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)}: "):
+        StructuredOutputsParams(**{kind: value})
+
+
+def test_exactly_one_constraint() -> None:
+    with pytest.raises(ValueError, match=r"^structured_outputs: exactly one"):
+        StructuredOutputsParams(regex="a", choice=["a"])
+    with pytest.raises(ValueError, match=r"^structured_outputs: exactly one"):
+        StructuredOutputsParams()

@@ -1,0 +1,100 @@
+"""Grammars in the engine: the sampler's bitmask, admission while a grammar compiles, and
+matchers that follow a request's tokens (SmolLM2's tokenizer, no model)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from infer.engine.request import Request
+from infer.engine.sampler import SamplingBatch, sample
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.engine.structured import RequestGrammar, StructuredOutputs, next_admissible
+from infer.loader import resolve_model
+from infer.tokenizer import Tokenizer
+
+CASES = json.loads((Path(__file__).parents[1] / "data" / "json_schemas.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    path = resolve_model("smollm2-135m").tokenizer_path
+    assert path is not None
+    loaded = Tokenizer.load(Path(path))
+    assert loaded is not None
+    return loaded
+
+
+def _request(params: SamplingParams, name: str = "r") -> Request:
+    return Request(name, [1, 2, 3], 3, params, seed=0)
+
+
+def _ready(matcher: Any = None) -> RequestGrammar:
+    future: Future[Any] = Future()
+    future.set_result(matcher)
+    return RequestGrammar(future)
+
+
+def test_the_bitmask_bans_what_the_grammar_forbids(tokenizer: Tokenizer) -> None:
+    grammars = StructuredOutputs(tokenizer, 49152)
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    constrained = _request(SamplingParams(temperature=0.0, structured_outputs=choice), "c")
+    free = _request(SamplingParams(temperature=0.0), "f")
+    grammars.attach(constrained)
+    assert constrained.grammar is not None
+    while not constrained.grammar.ready:
+        time.sleep(0.01)
+    logits = torch.randn(2, 49152)
+    batch = SamplingBatch.from_requests([free, constrained], 49152, torch.device("cpu"))
+    tokens = sample(logits.clone(), batch).token_ids.tolist()
+    assert tokens[0] == int(logits[0].argmax())  # the free row is untouched
+    assert tokenizer.decode([tokens[1]]) in ("y", "ye", "yes", "n", "no")
+
+
+def test_matchers_follow_tokens_and_take_them_back(tokenizer: Tokenizer) -> None:
+    grammars = StructuredOutputs(tokenizer, 49152)
+    for case in CASES:
+        request = _request(
+            SamplingParams(structured_outputs=StructuredOutputsParams(json=case["schema"]))
+        )
+        grammars.attach(request)
+        assert request.grammar is not None
+        text = json.dumps(case["example"])
+        output = tokenizer.hf.encode(text, add_special_tokens=False)
+        matcher = request.grammar.advance(output)
+        assert not matcher.is_error(), (case["name"], matcher.get_error())
+        assert matcher.is_accepting(), case["name"]
+        assert not request.grammar.advance(output[:1]).is_accepting()  # rolled back
+
+
+def test_waiting_requests_pass_one_whose_grammar_compiles() -> None:
+    compiling = _request(SamplingParams(), "compiling")
+    compiling.grammar = RequestGrammar(Future())
+    failed_future: Future[Any] = Future()
+    failed_future.set_exception(ValueError("too complex"))
+    broken = _request(SamplingParams(), "broken")
+    broken.grammar = RequestGrammar(failed_future)
+    free = _request(SamplingParams(), "free")
+    waiting, failed = deque([compiling, broken, free]), []
+    assert next_admissible(waiting, failed) is free
+    assert failed == [broken] and broken.finish_reason == "error"
+    assert "too complex" in (broken.error or "")
+    assert list(waiting) == [compiling, free]
+    waiting.remove(free)
+    assert next_admissible(waiting, failed) is None
+    compiling.grammar = _ready()
+    assert next_admissible(waiting, failed) is compiling
+
+
+def test_constrained_requests_are_not_plain_greedy_nor_launched_ahead() -> None:
+    params = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a"))
+    assert params.needs_output_tokens
+    assert not _request(params).plain_greedy
+    assert not SamplingParams().needs_output_tokens
