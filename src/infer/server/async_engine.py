@@ -33,9 +33,11 @@ from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.server.engine_process import (
+    EngineFactory,
     EngineInfo,
     EngineSnapshot,
     Progress,
+    load_engine,
     run_engine,
 )
 from infer.tokenizer import Message, Tokenizer
@@ -189,11 +191,17 @@ class Job:
 class AsyncEngine:
     """Starts the engine process for ``config``; ``submit`` work, iterate the ``Job``."""
 
-    def __init__(self, config: EngineConfig, request_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        request_timeout: float | None = None,
+        engine_factory: EngineFactory = load_engine,
+    ) -> None:
         if request_timeout is not None and request_timeout <= 0:
             raise ValueError(f"request_timeout: must be > 0 seconds, got {request_timeout}")
         self.config = config
         self.request_timeout = request_timeout
+        self.engine_factory = engine_factory
         self.capacity = config.max_batch_size + config.max_waiting_requests
         self.snapshot = EngineSnapshot()
         self.error: str | None = None  # why the engine stopped serving, if it failed
@@ -230,7 +238,7 @@ class AsyncEngine:
         event_out, event_in = context.Pipe(duplex=False)
         self._process = context.Process(
             target=run_engine,
-            args=(self.config, command_out, event_in),
+            args=(self.config, command_out, event_in, self.engine_factory),
             name="infer-engine",
             daemon=True,
         )

@@ -25,16 +25,18 @@ import queue
 import signal
 import threading
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.heap import freeze_heap
+from infer.server.messages import EngineInfo, EngineSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -42,53 +44,82 @@ Progress = tuple[str, list[int], str, list[TokenLogprob]]
 _CALLABLE = frozenset({"cache_stats"})  # engine methods the API process may call
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the API process needs to validate requests without the engine."""
-
-    max_seq_len: int
-    kv_capacity_tokens: int  # the most tokens one sequence can hold in the pool
-    vocab_size: int
-    tokenizer_path: str | None
-    eos_token_ids: tuple[int, ...]
+class _Preemptions(Protocol):
+    @property
+    def preemptions(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Engine counters, sent after every step (what ``/metrics`` shows)."""
+class ServedEngine(Protocol):
+    """What the engine loop drives: ``Engine``, or a stand-in that measures the API
+    process alone (``standin.py``)."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    preemptions: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str: ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def utilization(self) -> float: ...
+
+    def cache_stats(self) -> dict[str, float | int | str]: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_generated_tokens(self) -> int: ...
+
+    @property
+    def scheduler(self) -> _Preemptions: ...
 
 
-def run_engine(config: EngineConfig, commands: Connection, events: Connection) -> None:
+# Builds the engine in the engine process (so it must pickle: a module-level function).
+EngineFactory = Callable[[EngineConfig], tuple[ServedEngine, EngineInfo]]
+
+
+def load_engine(config: EngineConfig) -> tuple[ServedEngine, EngineInfo]:
+    """The real engine, and what the API process needs to know about it."""
+    engine = Engine(config)
+    pool = engine.pool
+    tokenizer_path = config.tokenizer or engine.source.tokenizer_path
+    info = EngineInfo(
+        max_seq_len=engine.max_seq_len,
+        kv_capacity_tokens=pool.num_blocks * pool.block_size,
+        vocab_size=engine.model_config.vocab_size,
+        tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
+        eos_token_ids=tuple(engine.model_config.eos_token_ids),
+    )
+    return engine, info
+
+
+def run_engine(
+    config: EngineConfig,
+    commands: Connection,
+    events: Connection,
+    engine_factory: EngineFactory = load_engine,
+) -> None:
     """Entry point of the engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        engine = Engine(config)
+        engine, info = engine_factory(config)
     except Exception as exc:
         logger.exception("the engine could not start")
         events.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
-    pool = engine.pool
-    tokenizer_path = config.tokenizer or engine.source.tokenizer_path
-    events.send((
-        "ready",
-        EngineInfo(
-            max_seq_len=engine.max_seq_len,
-            kv_capacity_tokens=pool.num_blocks * pool.block_size,
-            vocab_size=engine.model_config.vocab_size,
-            tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
-            eos_token_ids=tuple(engine.model_config.eos_token_ids),
-        ),
-    ))  # fmt: skip
+    events.send(("ready", info))
     outbox = _Outbox(events)
     try:
         _EngineLoop(engine, commands, outbox).run()
@@ -127,7 +158,7 @@ class _Outbox:
 
 
 class _EngineLoop:
-    def __init__(self, engine: Engine, commands: Connection, events: _Outbox) -> None:
+    def __init__(self, engine: ServedEngine, commands: Connection, events: _Outbox) -> None:
         self.engine = engine
         self.commands = commands
         self.events = events
