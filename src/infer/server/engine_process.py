@@ -3,15 +3,13 @@
 The server's event loop and the engine's per-step Python work would fight over one GIL if
 they shared a process (at thousands of tokens per second, streaming each token costs the
 event loop about as much host time as the step itself), so the engine runs here and talks
-to the API process over two pipes:
+to the API process over two pipes, with the typed messages of ``messages.py``:
 
-- commands in: ``("add", request_id, token_ids, params)``, ``("abort", request_id)``,
-  ``("call", call_id, method_name)``, ``("stop",)``;
-- events out: ``("ready", EngineInfo)`` once, then ``("step", progress, finished,
-  snapshot)`` after every step (``progress``: compact ``(request_id, new_token_ids,
-  new_text, new_logprobs)`` tuples, cheap to pickle; ``finished``: whole
-  ``RequestOutput``s), ``("result", call_id, value, error)``, and ``("failed", message)``
-  if the engine cannot go on.
+- commands in: ``AddRequests`` and ``Abort`` (each for all the requests the API process
+  queued since its last message), ``Call`` (an engine method, e.g. ``cache_stats``), ``Stop``;
+- events out: ``Ready`` once, then one ``StepEvents`` after every step (all requests'
+  progress: compact tuples, cheap to pickle; whole ``RequestOutput``s of finished ones),
+  ``CallResult`` per ``Call``, and ``EngineFailed`` if the engine cannot go on.
 
 Each iteration runs every queued command, then one ``engine.step()``. While nothing runs
 it blocks on the command pipe. Signals are ignored here: the API process decides when to
@@ -32,15 +30,29 @@ from typing import Any, Protocol
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
-from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.heap import freeze_heap
-from infer.server.messages import EngineInfo, EngineSnapshot
+from infer.server.messages import (
+    Abort,
+    AddRequests,
+    Call,
+    CallResult,
+    Command,
+    EngineFailed,
+    EngineInfo,
+    EngineSnapshot,
+    Event,
+    NewRequest,
+    Progress,
+    Ready,
+    StepEvents,
+    Stop,
+)
 
 logger = logging.getLogger(__name__)
 
-Progress = tuple[str, list[int], str, list[TokenLogprob]]
 _CALLABLE = frozenset({"cache_stats"})  # engine methods the API process may call
 
 
@@ -116,10 +128,10 @@ def run_engine(
         engine, info = engine_factory(config)
     except Exception as exc:
         logger.exception("the engine could not start")
-        events.send(("failed", f"{type(exc).__name__}: {exc}"))
+        events.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
         return
     freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
-    events.send(("ready", info))
+    events.send(Ready(info))
     outbox = _Outbox(events)
     try:
         _EngineLoop(engine, commands, outbox).run()
@@ -127,7 +139,7 @@ def run_engine(
         pass
     except Exception as exc:
         logger.exception("the engine loop failed")
-        outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+        outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
     finally:
         outbox.close()
 
@@ -138,11 +150,11 @@ class _Outbox:
 
     def __init__(self, events: Connection) -> None:
         self._events = events
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="infer-events", daemon=True)
         self._thread.start()
 
-    def send(self, event: tuple[Any, ...]) -> None:
+    def send(self, event: Event) -> None:
         self._queue.put(event)
 
     def close(self) -> None:
@@ -164,7 +176,7 @@ class _EngineLoop:
         self.events = events
         # Sequences not in the scheduler yet: its queue may be full when preemptions refill
         # it (the API process bounds the total, so these are few and wait for the next step).
-        self.pending: deque[tuple[str, list[int], SamplingParams]] = deque()
+        self.pending: deque[NewRequest] = deque()
         self.active: set[str] = set()
 
     def run(self) -> None:
@@ -177,19 +189,22 @@ class _EngineLoop:
         idle = not self.engine.has_unfinished_requests() and not self.pending
         ran = False
         while (idle and not ran) or self.commands.poll():
-            command = self.commands.recv()
+            command: Command = self.commands.recv()
             ran = True
-            if command[0] == "stop":
-                self._abort_all()
-                return False
-            getattr(self, "_" + command[0])(*command[1:])
+            match command:
+                case AddRequests(requests):
+                    self.pending.extend(requests)
+                case Abort(request_ids):
+                    self._abort(request_ids)
+                case Call(call_id, name):
+                    self.events.send(self._call(call_id, name))
+                case Stop():
+                    self._abort_all()
+                    return False
         self._admit_pending()
         if idle and ran:
             self._send_step([])  # e.g. aborts of waiting requests: the counters changed
         return True
-
-    def _add(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        self.pending.append((request_id, token_ids, params))
 
     def _admit_pending(self) -> None:
         while self.pending:
@@ -204,26 +219,25 @@ class _EngineLoop:
                 self.active.add(request_id)
             self.pending.popleft()
 
-    def _abort(self, request_id: str) -> None:
-        if request_id in self.active:
-            self.engine.abort(request_id)
-            self.active.discard(request_id)
-            return
-        for entry in self.pending:
-            if entry[0] == request_id:
-                self.pending.remove(entry)
-                return
+    def _abort(self, request_ids: list[str]) -> None:
+        dropped = set()
+        for request_id in request_ids:
+            if request_id in self.active:
+                self.engine.abort(request_id)
+                self.active.discard(request_id)
+            else:
+                dropped.add(request_id)
+        if dropped and self.pending:
+            self.pending = deque(entry for entry in self.pending if entry[0] not in dropped)
 
-    def _call(self, call_id: int, name: str) -> None:
+    def _call(self, call_id: int, name: str) -> CallResult:
         if name not in _CALLABLE:
-            self.events.send(("result", call_id, None, f"{name}: not an engine call"))
-            return
+            return CallResult(call_id, None, f"{name}: not an engine call")
         try:
             value: Any = getattr(self.engine, name)()
         except Exception as exc:
-            self.events.send(("result", call_id, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            self.events.send(("result", call_id, value, None))
+            return CallResult(call_id, None, f"{type(exc).__name__}: {exc}")
+        return CallResult(call_id, value, None)
 
     def _abort_all(self) -> None:
         for request_id in self.active:
@@ -252,7 +266,7 @@ class _EngineLoop:
             prompt_tokens=engine.num_prompt_tokens,
             generation_tokens=engine.num_generated_tokens,
         )
-        self.events.send(("step", progress, finished, snapshot))
+        self.events.send(StepEvents(progress, finished, snapshot))
 
 
 def _failed(request_id: str, error: str) -> RequestOutput:
