@@ -27,6 +27,9 @@ class _Item:
     future: asyncio.Future[list[int]]
 
 
+# The most prompts encoded at once: a burst's first requests go on to the engine while the
+# rest are encoded, instead of all of them waiting for the whole burst.
+MAX_BATCH = 64
 Outcome = tuple[asyncio.Future[list[int]], list[int] | BaseException]
 
 
@@ -62,24 +65,28 @@ class PromptBatcher:
 
     # --- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        while (first := self._queue.get()) is not None:
-            batch = [first]
-            stop = False
-            with contextlib.suppress(queue.Empty):
-                while True:
+        stop = False
+        while not stop:
+            batch: list[_Item] = []
+            entry = self._queue.get()
+            while entry is not None:
+                batch.append(entry)
+                if len(batch) == MAX_BATCH:
+                    break
+                try:
                     entry = self._queue.get_nowait()
-                    if entry is None:
-                        stop = True
-                        break
-                    batch.append(entry)
+                except queue.Empty:
+                    break
+            else:
+                stop = True  # close(): encode what came before it, then end
+            if not batch:
+                continue
             try:
                 outcomes = self.encode(batch)
             except Exception as exc:  # the tokenizer itself failed: so do these requests
                 outcomes = [(item.future, exc) for item in batch]
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(_deliver, outcomes)
-            if stop:
-                return
 
     def encode(self, items: list[_Item]) -> list[Outcome]:
         """Each item's token ids, or the exception that rejects it."""

@@ -1,6 +1,6 @@
 """``PromptBatcher``: batched tokenisation gives the ids one-by-one encoding gives, requests
-queued while a batch is encoded go together in the next one, and one bad prompt or
-conversation fails alone."""
+queued while a batch is encoded go together in the next ones (``MAX_BATCH`` at a time), and
+one bad prompt or conversation fails alone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from jinja2 import TemplateError
 
 from infer.engine.prompts import PromptEncoder
 from infer.loader.presets import embedded_model_path
-from infer.server.prompt_batcher import PromptBatcher
+from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher
 from infer.tokenizer import Message, Tokenizer
 
 TEXTS = [
@@ -89,7 +89,7 @@ def test_requests_queued_during_a_batch_are_encoded_together(
     gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
 ) -> None:
     loop, batcher, gate = gated
-    texts = TEXTS * 8
+    texts = TEXTS * 12  # more than a batch holds
     conversation = [{"role": "user", "content": "What is the capital of France?"}]
 
     async def body() -> tuple[list[int], list[list[int]], list[int]]:
@@ -105,8 +105,9 @@ def test_requests_queued_during_a_batch_are_encoded_together(
     assert first == tokenizer.encode("first")
     assert rest == [tokenizer.encode(text) for text in texts]
     assert chat == tokenizer.apply_chat_template(conversation)
-    # One call for "first", then one for all the prompts and one for the conversation.
-    assert gate.calls == [1, len(texts), 1]
+    # One call for "first", one for as many prompts as a batch holds, then one for the
+    # other prompts and one for the conversation (queued last: in the last batch).
+    assert gate.calls == [1, MAX_BATCH, len(texts) - MAX_BATCH, 1]
 
 
 def test_a_bad_request_fails_alone(
