@@ -65,18 +65,21 @@ class RequestTimeoutError(RuntimeError):
     """The request ran longer than the server's ``--request-timeout``."""
 
 
-@dataclass(slots=True)
 class ChoiceUpdate:
     """What one sequence produced since its consumer last looked: the new tokens, text pieces
     and logprobs of every step in between, and its final output once it finished.
 
     Steps are joined by appending, so a consumer that falls behind pays per token only for
-    list appends, and formats one chunk for all of them."""
+    list appends, and formats one chunk for all of them. (A plain class: one is made per
+    stream per step, and a dataclass's default factories cost more than the rest of it.)"""
 
-    token_ids: list[int] = field(default_factory=list)
-    text_pieces: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    final: RequestOutput | None = None
+    __slots__ = ("final", "logprobs", "text_pieces", "token_ids")
+
+    def __init__(self, token_ids: list[int], text: str, logprobs: list[TokenLogprob]) -> None:
+        self.token_ids = list(token_ids)
+        self.text_pieces = [text]
+        self.logprobs = list(logprobs)
+        self.final: RequestOutput | None = None
 
     @property
     def text(self) -> str:
@@ -172,9 +175,10 @@ class Job:
             self.token_times[index].append(now)
         update = self._ready.get(index)
         if update is None:
-            update = self._ready[index] = ChoiceUpdate()
+            update = self._ready[index] = ChoiceUpdate(token_ids, text, logprobs)
             self._wake()
-        update.add(token_ids, text, logprobs)
+        else:
+            update.add(token_ids, text, logprobs)
         return update
 
     def fail(self, exc: BaseException) -> None:
