@@ -70,7 +70,7 @@ def engine() -> Iterator[tuple[Connection, Connection]]:
     process.start()
     command_out.close()
     event_in.close()
-    ready = event_out.recv()
+    ready = receive(event_out)
     assert isinstance(ready, Ready) and ready.info.vocab_size == 49152
     yield command_in, event_out
     command_in.send(Stop())
@@ -78,12 +78,19 @@ def engine() -> Iterator[tuple[Connection, Connection]]:
     assert process.exitcode == 0
 
 
+def receive(events: Connection, timeout: float = 60.0) -> Event:
+    """The next event (failing, not hanging, when the engine process sends none)."""
+    assert events.poll(timeout), "the engine process sent nothing"
+    event: Event = events.recv()
+    return event
+
+
 def until_finished(events: Connection, request_ids: set[str]) -> dict[str, list[StepEvents]]:
     """The step events of each request, until all of ``request_ids`` have finished."""
     seen: dict[str, list[StepEvents]] = defaultdict(list)
     unfinished = set(request_ids)
     while unfinished:
-        event: Event = events.recv()
+        event = receive(events)
         assert isinstance(event, StepEvents)
         for request_id, *_ in event.progress:
             seen[request_id].append(event)
@@ -111,9 +118,9 @@ def test_abort_of_running_and_waiting_sequences(engine: tuple[Connection, Connec
     commands, events = engine
     long = SamplingParams(max_tokens=10_000)
     commands.send(AddRequests([(f"r-{i}", [1], long) for i in range(4)] + [("s", [1], PARAMS)]))
-    first: Event = events.recv()
+    first = receive(events)
     while isinstance(first, StepEvents) and not first.progress:  # the counters of the add
-        first = events.recv()
+        first = receive(events)
     assert isinstance(first, StepEvents) and {p[0] for p in first.progress} == {"r-0", "r-1"}
     commands.send(Abort(["r-0", "r-1", "r-2", "r-3"]))  # two running, two waiting
     seen = until_finished(events, {"s"})  # "s" runs once the others are gone
@@ -123,7 +130,7 @@ def test_abort_of_running_and_waiting_sequences(engine: tuple[Connection, Connec
     commands.send(Call(2, "step"))  # not callable
     results = []
     while len(results) < 2:
-        event: Event = events.recv()
+        event = receive(events)
         if isinstance(event, CallResult):
             results.append(event)
     assert results[0] == CallResult(1, {"used_blocks": 0, "leaked_blocks": 0,
