@@ -65,20 +65,34 @@ class Tokenizer:
         """Token ids of a plain prompt (with the BOS token when the model expects one)."""
         return list(self.hf.encode(text, add_special_tokens=True))
 
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """``encode`` of many texts in one call: the Rust tokenizer releases the GIL for it
+        and spreads the texts over its threads (a server's event loop keeps running)."""
+        encodings = self.rust.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [encoding.ids for encoding in encodings]
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.rust.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
-        """Token ids of a conversation, ending with the assistant's turn opener; ``tools``
-        (OpenAI's function definitions) go to templates that render them."""
+        """Token ids of a conversation, ending with the assistant's turn opener."""
+        return list(self.hf.encode(self.render_chat(messages, tools), add_special_tokens=False))
+
+    def render_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """A conversation as the chat template writes it (encode without special tokens:
+        the template has put them in); ``tools`` (OpenAI's function definitions) go to
+        templates that render them."""
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
         text = self.hf.apply_chat_template(
             messages, tools=cast(Any, tools), tokenize=False, add_generation_prompt=True
         )
-        return list(self.hf.encode(text, add_special_tokens=False))
+        assert isinstance(text, str)
+        return text
 
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.rust, skip_special_tokens)

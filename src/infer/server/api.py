@@ -18,6 +18,7 @@ from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
 from infer.server.chat import ChatServing
 from infer.server.completions import CompletionServing
+from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -45,13 +46,15 @@ def create_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     request_timeout: float | None = None,
+    engine_factory: EngineFactory = load_engine,
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
     completes once the model is loaded) and stops it.
 
-    ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown).
+    ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown);
+    ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
     """
-    engine = AsyncEngine(config, request_timeout)
+    engine = AsyncEngine(config, request_timeout, engine_factory)
     model_name = served_model_name or config.model
     metrics = ServerMetrics(lambda: engine.snapshot)
     created = int(time.time())

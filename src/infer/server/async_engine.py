@@ -2,18 +2,17 @@
 
 The engine runs in its own process (``engine_process.py``). Commands go to it through a
 sender thread (so the event loop never blocks on a full pipe) and a reader thread hands
-every step's outputs to the event loop in one ``call_soon_threadsafe``. The HTTP side never
-waits for the engine to accept work: it decides backpressure from its own count of
-unfinished sequences, then only enqueues. Prompts are tokenized (in a worker thread, so a
-slow tokenization never stalls other streams) and checked here, so bad input never reaches
-the engine.
+every step's outputs to the event loop in one ``call_soon_threadsafe``. Requests added
+or aborted during one turn of the event loop go to the engine as one message. The HTTP side
+never waits for the engine to accept work: it decides backpressure from its own count of
+unfinished sequences, then only enqueues. Text prompts are tokenized in batches off the
+event loop (``PromptBatcher``) and checked here, so bad input never reaches the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import multiprocessing
@@ -21,29 +20,38 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from infer.config import EngineConfig
 from infer.engine.prompts import PromptEncoder
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
-from infer.server.engine_process import (
+from infer.server.engine_process import EngineFactory, load_engine, run_engine
+from infer.server.messages import (
+    Abort,
+    AddRequests,
+    Call,
+    CallResult,
+    Command,
+    EngineFailed,
     EngineInfo,
     EngineSnapshot,
+    NewRequest,
     Progress,
-    run_engine,
+    Ready,
+    StepEvents,
+    Stop,
 )
+from infer.server.prompt_batcher import PromptBatcher
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Sequences = Sequence[tuple[list[int], SamplingParams]]
 STOP_TIMEOUT_S = 60.0
 ENGINE_FAILED = "the engine failed"
@@ -57,18 +65,21 @@ class RequestTimeoutError(RuntimeError):
     """The request ran longer than the server's ``--request-timeout``."""
 
 
-@dataclass(slots=True)
 class ChoiceUpdate:
     """What one sequence produced since its consumer last looked: the new tokens, text pieces
     and logprobs of every step in between, and its final output once it finished.
 
     Steps are joined by appending, so a consumer that falls behind pays per token only for
-    list appends, and formats one chunk for all of them."""
+    list appends, and formats one chunk for all of them. (A plain class: one is made per
+    stream per step, and a dataclass's default factories cost more than the rest of it.)"""
 
-    token_ids: list[int] = field(default_factory=list)
-    text_pieces: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    final: RequestOutput | None = None
+    __slots__ = ("final", "logprobs", "text_pieces", "token_ids")
+
+    def __init__(self, token_ids: list[int], text: str, logprobs: list[TokenLogprob]) -> None:
+        self.token_ids = list(token_ids)
+        self.text_pieces = [text]
+        self.logprobs = list(logprobs)
+        self.final: RequestOutput | None = None
 
     @property
     def text(self) -> str:
@@ -164,9 +175,10 @@ class Job:
             self.token_times[index].append(now)
         update = self._ready.get(index)
         if update is None:
-            update = self._ready[index] = ChoiceUpdate()
+            update = self._ready[index] = ChoiceUpdate(token_ids, text, logprobs)
             self._wake()
-        update.add(token_ids, text, logprobs)
+        else:
+            update.add(token_ids, text, logprobs)
         return update
 
     def fail(self, exc: BaseException) -> None:
@@ -190,11 +202,17 @@ class Job:
 class AsyncEngine:
     """Starts the engine process for ``config``; ``submit`` work, iterate the ``Job``."""
 
-    def __init__(self, config: EngineConfig, request_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        request_timeout: float | None = None,
+        engine_factory: EngineFactory = load_engine,
+    ) -> None:
         if request_timeout is not None and request_timeout <= 0:
             raise ValueError(f"request_timeout: must be > 0 seconds, got {request_timeout}")
         self.config = config
         self.request_timeout = request_timeout
+        self.engine_factory = engine_factory
         self.capacity = config.max_batch_size + config.max_waiting_requests
         self.snapshot = EngineSnapshot()
         self.error: str | None = None  # why the engine stopped serving, if it failed
@@ -209,9 +227,12 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[EngineInfo] | None = None
         self._process: BaseProcess | None = None
-        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._adds: list[NewRequest] = []  # not sent yet: one message per event-loop turn
+        self._aborts: list[str] = []
+        self._flush_scheduled = False
         self._threads: list[threading.Thread] = []
-        self._tokenize: ThreadPoolExecutor | None = None
+        self._batcher: PromptBatcher | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -231,7 +252,7 @@ class AsyncEngine:
         event_out, event_in = context.Pipe(duplex=False)
         self._process = context.Process(
             target=run_engine,
-            args=(self.config, command_out, event_in),
+            args=(self.config, command_out, event_in, self.engine_factory),
             name="infer-engine",
             daemon=True,
         )
@@ -246,8 +267,9 @@ class AsyncEngine:
             thread.daemon = True
             thread.start()
         self._info = await self._ready
-        self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="infer-tokenize")
-        self._prompts = await self._loop.run_in_executor(self._tokenize, prompt_encoder, self._info)
+        self._prompts = await asyncio.to_thread(prompt_encoder, self._info)
+        if self._prompts.tokenizer is not None:
+            self._batcher = PromptBatcher(self._prompts, self._prompts.tokenizer, self._loop)
         self.accepting = True
 
     async def drain(self, timeout: float) -> None:
@@ -268,7 +290,7 @@ class AsyncEngine:
         self._fail_all(EngineStoppedError("the server is shutting down"))
         process = self._process
         if process is not None:
-            self._outbox.put(("stop",))
+            self._outbox.put(Stop())
             self._outbox.put(None)  # ends the sender thread
             await asyncio.to_thread(process.join, STOP_TIMEOUT_S)
             if process.is_alive():
@@ -278,9 +300,9 @@ class AsyncEngine:
             for thread in self._threads:
                 await asyncio.to_thread(thread.join)
             self._process = None
-        if self._tokenize is not None:
-            self._tokenize.shutdown()
-            self._tokenize = None
+        if self._batcher is not None:
+            await asyncio.to_thread(self._batcher.close)
+            self._batcher = None
 
     @property
     def is_healthy(self) -> bool:
@@ -307,21 +329,17 @@ class AsyncEngine:
         """Token ids of a prompt, validated (``ValueError`` naming ``prompt``).
 
         Token ids are only checked, here: handing them to the tokenizer thread would cost
-        more than the check, since the two threads then trade the GIL (a burst of 256
-        requests took half a second longer to reach the engine that way)."""
-        if not isinstance(prompt, str):
-            return self.prompts.encode_prompt(prompt)
-        return await self._in_tokenizer_thread(self.prompts.encode_prompt, prompt)
+        more than the check."""
+        if isinstance(prompt, str) and self._batcher is not None:
+            return await self._batcher.encode_prompt(prompt)
+        return self.prompts.encode_prompt(prompt)  # ids, or text without a tokenizer: refused
 
     async def encode_chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
-        encode = functools.partial(self.prompts.encode_chat, tools=tools)
-        return await self._in_tokenizer_thread(encode, messages)
-
-    async def _in_tokenizer_thread(self, fn: Callable[[Any], T], arg: Any) -> T:
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._tokenize, fn, arg)
+        if self._batcher is None:
+            return self.prompts.encode_chat(messages, tools)  # no tokenizer: refused
+        return await self._batcher.encode_chat(messages, tools)
 
     def submit(self, job_id: str, sequences: Sequences) -> Job:
         """Queue sequences for the engine, or raise at once: ``QueueFullError`` when the
@@ -344,13 +362,15 @@ class AsyncEngine:
         self._outstanding += count
         for index, (request_id, (token_ids, params)) in enumerate(zip(job.request_ids, sequences)):
             self._jobs[request_id] = (job, index)
-            self._outbox.put(("add", request_id, token_ids, params))
+            self._adds.append((request_id, token_ids, params))
+        self._schedule_flush()
         return job
 
     def release(self, job: Job) -> None:
         """Forget a job; abort its unfinished sequences (the engine frees their blocks)."""
-        for request_id in job.unfinished_request_ids:
-            self._outbox.put(("abort", request_id))
+        if unfinished := job.unfinished_request_ids:
+            self._aborts += unfinished
+            self._schedule_flush()
         for request_id in job.request_ids:
             self._jobs.pop(request_id, None)
         self._outstanding -= len(job.request_ids)
@@ -362,11 +382,29 @@ class AsyncEngine:
         call_id = next(self._call_ids)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._calls[call_id] = future
-        self._outbox.put(("call", call_id, name))
+        self._flush()  # after what was queued before it
+        self._outbox.put(Call(call_id, name))
         try:
             return await future
         finally:
             self._calls.pop(call_id, None)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            assert self._loop is not None
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what this turn of the event loop queued: adds first (an abort may be for
+        one of them)."""
+        self._flush_scheduled = False
+        if self._adds:
+            self._outbox.put(AddRequests(self._adds))
+            self._adds = []
+        if self._aborts:
+            self._outbox.put(Abort(self._aborts))
+            self._aborts = []
 
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
@@ -375,29 +413,27 @@ class AsyncEngine:
             raise EngineStoppedError("the server is shutting down")
 
     # --- events from the engine (event loop) -----------------------------------------------
-    def _dispatch(
-        self, progress: list[Progress], finished: list[RequestOutput], snapshot: EngineSnapshot
-    ) -> None:
-        self.snapshot = snapshot
+    def _dispatch(self, step: StepEvents) -> None:
+        self.snapshot = step.snapshot
         now = time.perf_counter()
         jobs = self._jobs
-        for item in progress:
+        for item in step.progress:
             entry = jobs.get(item[0])
             if entry is not None:  # None: the job was closed while the step ran
                 entry[0].put(entry[1], item, now)
-        for out in finished:
+        for out in step.finished:
             entry = jobs.get(out.request_id)
             if entry is not None:
                 entry[0].finish(entry[1], out, now)
 
-    def _resolve_call(self, call_id: int, value: Any, error: str | None) -> None:
-        future = self._calls.get(call_id)
+    def _resolve_call(self, result: CallResult) -> None:
+        future = self._calls.get(result.call_id)
         if future is None or future.done():
             return
-        if error is not None:
-            future.set_exception(RuntimeError(error))
+        if result.error is not None:
+            future.set_exception(RuntimeError(result.error))
         else:
-            future.set_result(value)
+            future.set_result(result.value)
 
     def _ready_event(self, info: EngineInfo) -> None:
         if self._ready is not None and not self._ready.done():
@@ -439,16 +475,16 @@ class AsyncEngine:
         with events:
             try:
                 while True:
-                    event = events.recv()
-                    if event[0] == "step":
-                        self._post(self._dispatch, *event[1:])
-                    elif event[0] == "result":
-                        self._post(self._resolve_call, *event[1:])
-                    elif event[0] == "ready":
-                        self._post(self._ready_event, event[1])
-                    else:  # "failed": the engine process is ending
-                        self._post(self._engine_failed, event[1])
-                        return
+                    match events.recv():
+                        case StepEvents() as step:
+                            self._post(self._dispatch, step)
+                        case CallResult() as result:
+                            self._post(self._resolve_call, result)
+                        case Ready(info):
+                            self._post(self._ready_event, info)
+                        case EngineFailed(message):  # the engine process is ending
+                            self._post(self._engine_failed, message)
+                            return
             except (EOFError, OSError):
                 assert self._process is not None
                 self._process.join(5.0)

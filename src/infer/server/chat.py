@@ -10,8 +10,6 @@ from infer.engine.sampling_params import SamplingParams
 from infer.server.async_engine import ChoiceUpdate
 from infer.server.protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
@@ -20,11 +18,13 @@ from infer.server.protocol import (
     SamplingRequest,
 )
 from infer.server.serving import Context, OpenAIServing
+from infer.server.sse import ROLE_DELTA, chat_chunk_choice, content_delta
 from infer.server.tool_calls import ToolCalls, render
 
 
 class ChatServing(OpenAIServing):
     id_prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
     prompt_field = "messages"
 
     async def encode(self, request: SamplingRequest) -> list[list[int]]:
@@ -53,31 +53,32 @@ class ChatServing(OpenAIServing):
         return None if tokenizer is None else tokenizer.hf.chat_template
 
     def stream_start(self, ctx: Context) -> list[str]:
-        opener = ChatDelta(role="assistant", content="")
         return [
-            self._chunk(ctx, ChatChunkChoice(index=i, delta=opener)) for i in range(ctx.num_choices)
+            ctx.template.chunk(chat_chunk_choice(i, ROLE_DELTA, None, None, None))
+            for i in range(ctx.num_choices)
         ]
 
     def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
         if not (update.token_ids or update.final):
             return None
-        content: str | None = update.text
-        calls, finish_reason = None, update.finish_reason
-        if ctx.tool_calls is not None:
-            content, calls, finish_reason = ctx.tool_calls.delta(index, update.text, finish_reason)
-        choice = ChatChunkChoice(
-            index=index,
-            delta=ChatDelta(content=content, tool_calls=calls),
-            logprobs=self._logprobs(ctx, update.logprobs),
-            finish_reason=finish_reason,
-            token_ids=ctx.token_ids(update.token_ids),
+        if ctx.tool_calls is None:
+            delta, finish_reason = content_delta(update.text), update.finish_reason
+        else:  # rare enough for the response models
+            content, calls, finish_reason = ctx.tool_calls.delta(
+                index, update.text, update.finish_reason
+            )
+            delta = ChatDelta(content=content, tool_calls=calls).model_dump_json()
+        choice = chat_chunk_choice(
+            index,
+            delta,
+            self._logprobs(ctx, update.logprobs),
+            finish_reason,
+            ctx.token_ids(update.token_ids),
         )
-        return self._chunk(ctx, choice)
+        return ctx.template.chunk(choice)
 
     def usage_chunk(self, ctx: Context) -> str:
-        return ChatCompletionChunk(
-            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[], usage=ctx.usage()
-        ).model_dump_json()
+        return ctx.template.chunk("", ctx.usage().model_dump_json())
 
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
         choices = []
@@ -107,9 +108,3 @@ class ChatServing(OpenAIServing):
 
     def _logprobs(self, ctx: Context, entries: list[TokenLogprob]) -> ChatLogprobs | None:
         return None if ctx.num_logprobs is None else self.logprobs.chat(entries)
-
-    @staticmethod
-    def _chunk(ctx: Context, choice: ChatChunkChoice) -> str:
-        return ChatCompletionChunk(
-            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[choice]
-        ).model_dump_json()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.server.async_engine import ChoiceUpdate
@@ -13,15 +15,20 @@ from infer.server.protocol import (
     SamplingRequest,
 )
 from infer.server.serving import Context, OpenAIServing
+from infer.server.sse import completion_choice
 
 
 class CompletionServing(OpenAIServing):
     id_prefix = "cmpl"
+    chunk_object = "text_completion"
     prompt_field = "prompt"
 
     async def encode(self, request: SamplingRequest) -> list[list[int]]:
         assert isinstance(request, CompletionRequest)
-        return [await self.engine.encode_prompt(prompt) for prompt in request.prompts()]
+        prompts = request.prompts()
+        if len(prompts) == 1:
+            return [await self.engine.encode_prompt(prompts[0])]
+        return list(await asyncio.gather(*map(self.engine.encode_prompt, prompts)))
 
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, CompletionRequest)
@@ -31,17 +38,12 @@ class CompletionServing(OpenAIServing):
         if not (update.token_ids or update.final):
             return None
         logprobs = self._logprobs(ctx, index, update.logprobs)
-        choice = CompletionChoice(
-            index=index,
-            text=update.text,
-            logprobs=logprobs,
-            finish_reason=update.finish_reason,
-            token_ids=ctx.token_ids(update.token_ids),
-        )
-        return self._body(ctx, [choice]).model_dump_json()
+        token_ids = ctx.token_ids(update.token_ids)
+        choice = completion_choice(index, update.text, logprobs, update.finish_reason, token_ids)
+        return ctx.template.chunk(choice)
 
     def usage_chunk(self, ctx: Context) -> str:
-        return self._body(ctx, [], with_usage=True).model_dump_json()
+        return ctx.template.chunk("", ctx.usage().model_dump_json())
 
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
         choices = [

@@ -3,15 +3,13 @@
 The server's event loop and the engine's per-step Python work would fight over one GIL if
 they shared a process (at thousands of tokens per second, streaming each token costs the
 event loop about as much host time as the step itself), so the engine runs here and talks
-to the API process over two pipes:
+to the API process over two pipes, with the typed messages of ``messages.py``:
 
-- commands in: ``("add", request_id, token_ids, params)``, ``("abort", request_id)``,
-  ``("call", call_id, method_name)``, ``("stop",)``;
-- events out: ``("ready", EngineInfo)`` once, then ``("step", progress, finished,
-  snapshot)`` after every step (``progress``: compact ``(request_id, new_token_ids,
-  new_text, new_logprobs)`` tuples, cheap to pickle; ``finished``: whole
-  ``RequestOutput``s), ``("result", call_id, value, error)``, and ``("failed", message)``
-  if the engine cannot go on.
+- commands in: ``AddRequests`` and ``Abort`` (each for all the requests the API process
+  queued since its last message), ``Call`` (an engine method, e.g. ``cache_stats``), ``Stop``;
+- events out: ``Ready`` once, then one ``StepEvents`` after every step (all requests'
+  progress: compact tuples, cheap to pickle; whole ``RequestOutput``s of finished ones),
+  ``CallResult`` per ``Call``, and ``EngineFailed`` if the engine cannot go on.
 
 Each iteration runs every queued command, then one ``engine.step()``. While nothing runs
 it blocks on the command pipe. Signals are ignored here: the API process decides when to
@@ -24,71 +22,114 @@ import logging
 import queue
 import signal
 import threading
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
-from infer.engine.request import RequestOutput, TokenLogprob
+from infer.engine.prompts import Prompt
+from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError
 from infer.heap import freeze_heap
+from infer.server.messages import (
+    Abort,
+    AddRequests,
+    Call,
+    CallResult,
+    Command,
+    EngineFailed,
+    EngineInfo,
+    EngineSnapshot,
+    Event,
+    NewRequest,
+    Progress,
+    Ready,
+    StepEvents,
+    Stop,
+)
 
 logger = logging.getLogger(__name__)
 
-Progress = tuple[str, list[int], str, list[TokenLogprob]]
 _CALLABLE = frozenset({"cache_stats"})  # engine methods the API process may call
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the API process needs to validate requests without the engine."""
-
-    max_seq_len: int
-    kv_capacity_tokens: int  # the most tokens one sequence can hold in the pool
-    vocab_size: int
-    tokenizer_path: str | None
-    eos_token_ids: tuple[int, ...]
+class _Preemptions(Protocol):
+    @property
+    def preemptions(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Engine counters, sent after every step (what ``/metrics`` shows)."""
+class ServedEngine(Protocol):
+    """What the engine loop drives: ``Engine``, or a stand-in that measures the API
+    process alone (``standin.py``)."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    preemptions: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str: ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def utilization(self) -> float: ...
+
+    def cache_stats(self) -> dict[str, float | int | str]: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_generated_tokens(self) -> int: ...
+
+    @property
+    def scheduler(self) -> _Preemptions: ...
 
 
-def run_engine(config: EngineConfig, commands: Connection, events: Connection) -> None:
+# Builds the engine in the engine process (so it must pickle: a module-level function).
+EngineFactory = Callable[[EngineConfig], tuple[ServedEngine, EngineInfo]]
+
+
+def load_engine(config: EngineConfig) -> tuple[ServedEngine, EngineInfo]:
+    """The real engine, and what the API process needs to know about it."""
+    engine = Engine(config)
+    pool = engine.pool
+    tokenizer_path = config.tokenizer or engine.source.tokenizer_path
+    info = EngineInfo(
+        max_seq_len=engine.max_seq_len,
+        kv_capacity_tokens=pool.num_blocks * pool.block_size,
+        vocab_size=engine.model_config.vocab_size,
+        tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
+        eos_token_ids=tuple(engine.model_config.eos_token_ids),
+    )
+    return engine, info
+
+
+def run_engine(
+    config: EngineConfig,
+    commands: Connection,
+    events: Connection,
+    engine_factory: EngineFactory = load_engine,
+) -> None:
     """Entry point of the engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        engine = Engine(config)
+        engine, info = engine_factory(config)
     except Exception as exc:
         logger.exception("the engine could not start")
-        events.send(("failed", f"{type(exc).__name__}: {exc}"))
+        events.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
         return
     freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
-    pool = engine.pool
-    tokenizer_path = config.tokenizer or engine.source.tokenizer_path
-    events.send((
-        "ready",
-        EngineInfo(
-            max_seq_len=engine.max_seq_len,
-            kv_capacity_tokens=pool.num_blocks * pool.block_size,
-            vocab_size=engine.model_config.vocab_size,
-            tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
-            eos_token_ids=tuple(engine.model_config.eos_token_ids),
-        ),
-    ))  # fmt: skip
+    events.send(Ready(info))
     outbox = _Outbox(events)
     try:
         _EngineLoop(engine, commands, outbox).run()
@@ -96,7 +137,7 @@ def run_engine(config: EngineConfig, commands: Connection, events: Connection) -
         pass
     except Exception as exc:
         logger.exception("the engine loop failed")
-        outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+        outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
     finally:
         outbox.close()
 
@@ -107,11 +148,11 @@ class _Outbox:
 
     def __init__(self, events: Connection) -> None:
         self._events = events
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="infer-events", daemon=True)
         self._thread.start()
 
-    def send(self, event: tuple[Any, ...]) -> None:
+    def send(self, event: Event) -> None:
         self._queue.put(event)
 
     def close(self) -> None:
@@ -127,13 +168,10 @@ class _Outbox:
 
 
 class _EngineLoop:
-    def __init__(self, engine: Engine, commands: Connection, events: _Outbox) -> None:
+    def __init__(self, engine: ServedEngine, commands: Connection, events: _Outbox) -> None:
         self.engine = engine
         self.commands = commands
         self.events = events
-        # Sequences not in the scheduler yet: its queue may be full when preemptions refill
-        # it (the API process bounds the total, so these are few and wait for the next step).
-        self.pending: deque[tuple[str, list[int], SamplingParams]] = deque()
         self.active: set[str] = set()
 
     def run(self) -> None:
@@ -143,62 +181,55 @@ class _EngineLoop:
 
     def _run_commands(self) -> bool:
         """Run the queued commands (waiting for one while idle); False on stop."""
-        idle = not self.engine.has_unfinished_requests() and not self.pending
+        idle = not self.engine.has_unfinished_requests()
         ran = False
         while (idle and not ran) or self.commands.poll():
-            command = self.commands.recv()
+            command: Command = self.commands.recv()
             ran = True
-            if command[0] == "stop":
-                self._abort_all()
-                return False
-            getattr(self, "_" + command[0])(*command[1:])
-        self._admit_pending()
+            match command:
+                case AddRequests(requests):
+                    self._add(requests)
+                case Abort(request_ids):
+                    self._abort(request_ids)
+                case Call(call_id, name):
+                    self.events.send(self._call(call_id, name))
+                case Stop():
+                    self._abort_all()
+                    return False
         if idle and ran:
             self._send_step([])  # e.g. aborts of waiting requests: the counters changed
         return True
 
-    def _add(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        self.pending.append((request_id, token_ids, params))
-
-    def _admit_pending(self) -> None:
-        while self.pending:
-            request_id, token_ids, params = self.pending[0]
+    def _add(self, requests: list[NewRequest]) -> None:
+        """Queue them in the engine (its queue is not bounded: the API process bounds how
+        many it sends)."""
+        for request_id, token_ids, params in requests:
             try:
                 self.engine.add_request(token_ids, params, request_id)
-            except QueueFullError:
-                return
             except ValueError as exc:  # validated by the API process; kept as a safety net
                 self._send_step([_failed(request_id, str(exc))])
             else:
                 self.active.add(request_id)
-            self.pending.popleft()
 
-    def _abort(self, request_id: str) -> None:
-        if request_id in self.active:
-            self.engine.abort(request_id)
-            self.active.discard(request_id)
-            return
-        for entry in self.pending:
-            if entry[0] == request_id:
-                self.pending.remove(entry)
-                return
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if request_id in self.active:
+                self.engine.abort(request_id)
+                self.active.discard(request_id)
 
-    def _call(self, call_id: int, name: str) -> None:
+    def _call(self, call_id: int, name: str) -> CallResult:
         if name not in _CALLABLE:
-            self.events.send(("result", call_id, None, f"{name}: not an engine call"))
-            return
+            return CallResult(call_id, None, f"{name}: not an engine call")
         try:
             value: Any = getattr(self.engine, name)()
         except Exception as exc:
-            self.events.send(("result", call_id, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            self.events.send(("result", call_id, value, None))
+            return CallResult(call_id, None, f"{type(exc).__name__}: {exc}")
+        return CallResult(call_id, value, None)
 
     def _abort_all(self) -> None:
         for request_id in self.active:
             self.engine.abort(request_id)
         self.active.clear()
-        self.pending.clear()
         while self.engine.has_unfinished_requests():
             self.engine.step()  # retires the aborted requests (and a step in flight)
         self._send_step([])
@@ -215,13 +246,13 @@ class _EngineLoop:
         engine = self.engine
         snapshot = EngineSnapshot(
             num_running=engine.num_running,
-            num_waiting=engine.num_waiting + len(self.pending),
+            num_waiting=engine.num_waiting,
             kv_usage=engine.utilization(),
             preemptions=engine.scheduler.preemptions,
             prompt_tokens=engine.num_prompt_tokens,
             generation_tokens=engine.num_generated_tokens,
         )
-        self.events.send(("step", progress, finished, snapshot))
+        self.events.send(StepEvents(progress, finished, snapshot))
 
 
 def _failed(request_id: str, error: str) -> RequestOutput:

@@ -30,6 +30,7 @@ from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.async_engine import AsyncEngine
 from infer.server.connections import ServerConfig
+from infer.server.engine_process import EngineFactory, load_engine
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
@@ -80,6 +81,7 @@ def build_server(
     timeout_keep_alive: int = DEFAULT_KEEP_ALIVE_S,
     limit_concurrency: int | None = None,
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
+    engine_factory: EngineFactory = load_engine,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -102,7 +104,7 @@ def build_server(
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
         limit_concurrency = capacity + _SPARE_CONNECTIONS
     listener = _bind(host, port)
-    app = create_app(engine_config, served_model_name, api_key, request_timeout)
+    app = create_app(engine_config, served_model_name, api_key, request_timeout, engine_factory)
     config = ServerConfig(
         app,
         request_read_timeout=request_read_timeout,

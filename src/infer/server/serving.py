@@ -36,6 +36,7 @@ from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.protocol import SamplingRequest, Usage
 from infer.server.retry_after import RetryAfterEstimator
+from infer.server.sse import ChunkTemplate
 from infer.server.tool_calls import ToolCalls
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Context:
     num_logprobs: int | None
     include_usage: bool
     return_token_ids: bool
+    template: ChunkTemplate  # of the stream's chunks
     text_offsets: list[int] = field(default_factory=list)  # per choice, for logprobs
     completion_tokens: int = 0
     tool_calls: ToolCalls | None = None  # chat requests with tools
@@ -77,6 +79,7 @@ class Context:
 
 class OpenAIServing(ABC):
     id_prefix: str  # of response ids: "cmpl", "chatcmpl"
+    chunk_object: str  # the ``object`` of streamed chunks
     prompt_field: str  # the request field the prompt comes from, for error messages
 
     def __init__(
@@ -160,15 +163,18 @@ class OpenAIServing(ABC):
             self._check_lengths(prompts, params.max_tokens)
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        created = int(time.time())
         ctx = Context(
-            request_id=f"{self.id_prefix}-{uuid.uuid4().hex}",
+            request_id=request_id,
             model=self.model_name,
-            created=int(time.time()),
+            created=created,
             prompt_lengths=[len(p) for p in prompts],
             n=params.n,
             num_logprobs=params.logprobs,
             include_usage=request.include_usage,
             return_token_ids=request.return_token_ids,
+            template=ChunkTemplate.of(request_id, self.chunk_object, created, self.model_name),
             tool_calls=self.tool_calls(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices

@@ -1,0 +1,138 @@
+"""Structured outputs at batch scale: ``burst256`` with every request under a JSON schema
+against the same requests free, in one process (issue 17).
+
+    python benchmarks/bench_structured.py --model DIR [--output results.json]
+
+``DIR`` is a checkpoint directory with a tokenizer (``bench_serving_vs_vllm.py --phases
+prepare`` writes dummy llama-3.2-3b with SmolLM2's tokenizer); weights are dummy. The
+constrained run's requests stop where their JSON ends, so both runs report output tokens
+per second, and the constrained one also the host time spent filling token masks per step
+(``structured.fill_bitmask``, timed around each call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from infer import LLM, SamplingParams
+from infer.bench.workloads import make_workload
+from infer.engine import sampler
+from infer.engine.sampling_params import StructuredOutputsParams
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 8},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "age", "tags", "address"],
+}
+
+
+class MaskTimer:
+    """Wraps the sampler's bitmask fill and records how long each call takes."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._fill = sampler.fill_bitmask
+
+    def __enter__(self) -> MaskTimer:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return self._fill(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - start)
+
+        sampler.fill_bitmask = timed
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sampler.fill_bitmask = self._fill
+
+
+def run(
+    llm: LLM, prompts: list[list[int]], params: list[SamplingParams]
+) -> tuple[dict[str, float], list[int]]:
+    """Throughput of one batch, and each request's output length."""
+    start = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    lengths = [len(r.outputs[0].token_ids) for r in results]
+    tokens = sum(lengths)
+    parsed = 0
+    for r in results:
+        try:
+            json.loads(r.outputs[0].text)
+            parsed += 1
+        except ValueError:
+            pass
+    summary = {
+        "output_tokens": tokens,
+        "seconds": elapsed,
+        "output_tok_s": tokens / elapsed,
+        "outputs_that_parse": parsed,
+    }
+    return summary, lengths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--num-requests", type=int, help="scale burst256 (a quick check)")
+    parser.add_argument("--max-tokens", type=int, help="cap each request's output")
+    args = parser.parse_args()
+    llm = LLM(args.model, load_format="dummy")
+    tokenizer = llm.engine.tokenizer
+    assert tokenizer is not None, "--model: structured outputs need the checkpoint's tokenizer"
+    # Prompts the tokenizer knows, so the grammar's vocabulary covers them.
+    workload = make_workload("burst256", tokenizer.vocab_size, args.num_requests)
+    prompts = [spec.prompt_token_ids for spec in workload.requests]
+    limits = [
+        min(spec.max_tokens, args.max_tokens or spec.max_tokens) for spec in workload.requests
+    ]
+    constrained = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=limit,
+            structured_outputs=StructuredOutputsParams(json=SCHEMA),
+        )
+        for limit in limits
+    ]
+    run(llm, prompts[:8], constrained[:8])  # compile the grammar, warm the path
+    with MaskTimer() as masks:
+        schema_run, lengths = run(llm, prompts, constrained)
+    # The free run produces as many tokens per request as the constrained one did.
+    free = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    free_run, _ = run(llm, prompts, free)
+    fills = sorted(masks.seconds)
+    report = {
+        "model": args.model,
+        "workload": "burst256",
+        "free": free_run,
+        "json_schema": schema_run,
+        "schema_vs_free": schema_run["output_tok_s"] / free_run["output_tok_s"],
+        "mask_fill_calls": len(fills),
+        "mask_fill_ms_mean": 1000 * sum(fills) / max(len(fills), 1),
+        "mask_fill_ms_p50": 1000 * fills[len(fills) // 2] if fills else 0.0,
+        "mask_fill_ms_p99": 1000 * fills[int(len(fills) * 0.99)] if fills else 0.0,
+    }
+    text = json.dumps(report, indent=2)
+    if args.output is not None:
+        args.output.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The engine process's typed messages, through a real process and pipes, with the stand-in
+engine: batched adds, aborts of running and waiting sequences, calls, stop."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections import defaultdict
+from collections.abc import Iterator
+from functools import partial
+from multiprocessing.connection import Connection
+
+import pytest
+
+from infer import EngineConfig, SamplingParams
+from infer.engine.request import RequestOutput, TokenLogprob
+from infer.server.engine_process import run_engine
+from infer.server.messages import (
+    Abort,
+    AddRequests,
+    Call,
+    CallResult,
+    EngineFailed,
+    EngineInfo,
+    EngineSnapshot,
+    Event,
+    Ready,
+    StepEvents,
+    Stop,
+)
+from infer.server.standin import TOKEN_TEXT, standin_engine
+
+PARAMS = SamplingParams(max_tokens=4)
+
+
+def test_messages_survive_the_pipe_unchanged() -> None:
+    """Every message pickles to an equal one (what ``Connection.send`` does)."""
+    info = EngineInfo(max_seq_len=8, kv_capacity_tokens=64, vocab_size=10,
+                      tokenizer_path=None, eos_token_ids=(2,))  # fmt: skip
+    output = RequestOutput("r-0", [1], [5], "x", [5], "x", True, "length")
+    messages = [
+        AddRequests([("r-0", [1, 2], PARAMS), ("r-1", [3], SamplingParams(n=1, seed=3))]),
+        Abort(["r-0", "r-1"]),
+        Call(7, "cache_stats"),
+        Stop(),
+        Ready(info),
+        StepEvents(
+            [("r-1", [4], "y", [TokenLogprob(4, -0.5, {4: -0.5})])],
+            [output],
+            EngineSnapshot(num_running=1, generation_tokens=2),
+        ),
+        CallResult(7, {"used_blocks": 0}, None),
+        EngineFailed("boom"),
+    ]
+    for message in messages:
+        assert pickle.loads(pickle.dumps(message)) == message
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[Connection, Connection]]:
+    """A stand-in engine process (1 ms steps, two sequences at a time): (commands, events)."""
+    context = multiprocessing.get_context("spawn")
+    command_out, command_in = context.Pipe(duplex=False)
+    event_out, event_in = context.Pipe(duplex=False)
+    config = EngineConfig(model="smollm2-135m", device="cpu", max_batch_size=2)
+    factory = partial(standin_engine, step_s=0.001)
+    process = context.Process(
+        target=run_engine, args=(config, command_out, event_in, factory), daemon=True
+    )
+    process.start()
+    command_out.close()
+    event_in.close()
+    ready = receive(event_out)
+    assert isinstance(ready, Ready) and ready.info.vocab_size == 49152
+    yield command_in, event_out
+    command_in.send(Stop())
+    process.join(30)
+    assert process.exitcode == 0
+
+
+def receive(events: Connection, timeout: float = 60.0) -> Event:
+    """The next event (failing, not hanging, when the engine process sends none)."""
+    assert events.poll(timeout), "the engine process sent nothing"
+    event: Event = events.recv()
+    return event
+
+
+def until_finished(events: Connection, request_ids: set[str]) -> dict[str, list[StepEvents]]:
+    """The step events of each request, until all of ``request_ids`` have finished."""
+    seen: dict[str, list[StepEvents]] = defaultdict(list)
+    unfinished = set(request_ids)
+    while unfinished:
+        event = receive(events)
+        assert isinstance(event, StepEvents)
+        for request_id, *_ in event.progress:
+            seen[request_id].append(event)
+        for out in event.finished:
+            seen[out.request_id].append(event)
+            unfinished.discard(out.request_id)
+    return seen
+
+
+def test_one_add_message_runs_all_its_requests(engine: tuple[Connection, Connection]) -> None:
+    commands, events = engine
+    ids = [f"r-{i}" for i in range(5)]  # more than the batch: three wait
+    commands.send(AddRequests([(request_id, [1, 2, 3], PARAMS) for request_id in ids]))
+    seen = until_finished(events, set(ids))
+    for request_id in ids:
+        steps = seen[request_id]
+        assert len(steps) == 4  # one token a step, the last one with the finished output
+        final = steps[-1].finished[0]
+        assert final.finish_reason == "length" and final.text == TOKEN_TEXT * 4
+        progress = [p for step in steps[:-1] for p in step.progress if p[0] == request_id]
+        assert [p[2] for p in progress] == [TOKEN_TEXT] * 3
+
+
+def test_abort_of_running_and_waiting_sequences(engine: tuple[Connection, Connection]) -> None:
+    commands, events = engine
+    long = SamplingParams(max_tokens=10_000)
+    commands.send(AddRequests([(f"r-{i}", [1], long) for i in range(4)] + [("s", [1], PARAMS)]))
+    first = receive(events)
+    while isinstance(first, StepEvents) and not first.progress:  # the counters of the add
+        first = receive(events)
+    assert isinstance(first, StepEvents) and {p[0] for p in first.progress} == {"r-0", "r-1"}
+    commands.send(Abort(["r-0", "r-1", "r-2", "r-3"]))  # two running, two waiting
+    seen = until_finished(events, {"s"})  # "s" runs once the others are gone
+    assert seen["s"][-1].finished[0].finish_reason == "length"
+    assert "r-2" not in seen and "r-3" not in seen  # aborted while waiting: never ran
+    commands.send(Call(1, "cache_stats"))
+    commands.send(Call(2, "step"))  # not callable
+    results = []
+    while len(results) < 2:
+        event = receive(events)
+        if isinstance(event, CallResult):
+            results.append(event)
+    assert results[0] == CallResult(1, {"used_blocks": 0, "leaked_blocks": 0,
+                                        "active_sequences": 0}, None)  # fmt: skip
+    assert results[1].error == "step: not an engine call"

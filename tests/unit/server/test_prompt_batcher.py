@@ -1,0 +1,136 @@
+"""``PromptBatcher``: batched tokenisation gives the ids one-by-one encoding gives, requests
+queued while a batch is encoded go together in the next ones (``MAX_BATCH`` at a time), and
+one bad prompt or conversation fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jinja2 import TemplateError
+
+from infer.engine.prompts import PromptEncoder
+from infer.loader.presets import embedded_model_path
+from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher
+from infer.tokenizer import Message, Tokenizer
+
+TEXTS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "Héllo wörld, naïve café, Ünïcödé: ñ ß ø å é.",
+    "日本語のテキストと中文，还有한국어.",
+    "emoji 🎉👍🏽 family 👨‍👩‍👧 flag 🇫🇷 🙂",
+    "tabs\tand\n\nnewlines   spaces\n",
+    "<|im_start|>user special tokens in text<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    loaded = Tokenizer.load(embedded_model_path())
+    assert loaded is not None
+    return loaded
+
+
+def random_texts(tokenizer: Tokenizer, count: int) -> list[str]:
+    rng = random.Random(0)
+    return [
+        tokenizer.decode([rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 300))])
+        for _ in range(count)
+    ]
+
+
+def test_encode_batch_equals_encode(tokenizer: Tokenizer) -> None:
+    texts = TEXTS + random_texts(tokenizer, 64)
+    assert tokenizer.encode_batch(texts) == [tokenizer.encode(text) for text in texts]
+    chats = [tokenizer.render_chat([{"role": "user", "content": text}]) for text in texts]
+    assert tokenizer.encode_batch(chats, add_special_tokens=False) == [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in texts
+    ]
+
+
+class Gate:
+    """Holds the batcher's first ``encode_batch`` call until released, counting the texts
+    of every call."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls: list[int] = []
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        self.calls.append(len(texts))
+        self.entered.set()
+        self.release.wait(30)
+        return self.tokenizer.encode_batch(texts, add_special_tokens)
+
+    def render_chat(self, messages: list[Message]) -> str:
+        return self.tokenizer.render_chat(messages)
+
+
+@pytest.fixture
+def gated(tokenizer: Tokenizer) -> Iterator[tuple[Any, Gate]]:
+    """A batcher on its own event loop whose tokenizer waits at a gate."""
+    loop = asyncio.new_event_loop()
+    gate = Gate(tokenizer)
+    prompts = PromptEncoder(tokenizer, tokenizer.vocab_size, max_seq_len=512)
+    batcher = PromptBatcher(prompts, gate, loop)  # type: ignore[arg-type]
+    yield loop, batcher, gate
+    gate.release.set()
+    batcher.close()
+    loop.close()
+
+
+def test_requests_queued_during_a_batch_are_encoded_together(
+    gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
+) -> None:
+    loop, batcher, gate = gated
+    texts = TEXTS * 12  # more than a batch holds
+    conversation = [{"role": "user", "content": "What is the capital of France?"}]
+
+    async def body() -> tuple[list[int], list[list[int]], list[int]]:
+        first = asyncio.ensure_future(batcher.encode_prompt("first"))
+        await asyncio.to_thread(gate.entered.wait, 30)  # the thread holds "first" alone
+        rest = [asyncio.ensure_future(batcher.encode_prompt(text)) for text in texts]
+        chat = asyncio.ensure_future(batcher.encode_chat(conversation))
+        await asyncio.sleep(0.05)  # all of them queued; none can be encoded yet
+        gate.release.set()
+        return await first, list(await asyncio.gather(*rest)), await chat
+
+    first, rest, chat = loop.run_until_complete(body())
+    assert first == tokenizer.encode("first")
+    assert rest == [tokenizer.encode(text) for text in texts]
+    assert chat == tokenizer.apply_chat_template(conversation)
+    # One call for "first", one for as many prompts as a batch holds, then one for the
+    # other prompts and one for the conversation (queued last: in the last batch).
+    assert gate.calls == [1, MAX_BATCH, len(texts) - MAX_BATCH, 1]
+
+
+def test_a_bad_request_fails_alone(
+    gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
+) -> None:
+    loop, batcher, gate = gated
+    gate.release.set()
+    bad_template = [{"role": "user", "content": "hi"}, {"role": "user"}]  # no content
+    too_long = "word " * 1000  # over max_seq_len=512
+
+    async def body() -> list[Any]:
+        futures = [
+            batcher.encode_prompt("fine"),
+            batcher.encode_prompt(""),  # empty: no tokens (SmolLM2 adds no BOS)
+            batcher.encode_prompt(too_long),
+            batcher.encode_chat(bad_template),
+            batcher.encode_chat([{"role": "user", "content": "fine"}]),
+        ]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    fine, empty, long, template, chat = loop.run_until_complete(body())
+    assert fine == tokenizer.encode("fine")
+    assert isinstance(empty, ValueError) and "must not be empty" in str(empty)
+    assert isinstance(long, ValueError) and "max_seq_len=512" in str(long)
+    assert isinstance(template, TemplateError)
+    assert chat == tokenizer.apply_chat_template([{"role": "user", "content": "fine"}])
