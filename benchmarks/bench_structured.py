@@ -63,12 +63,18 @@ class MaskTimer:
 
 def run(
     llm: LLM, prompts: list[list[int]], params: list[SamplingParams]
-) -> tuple[dict[str, float], list[int]]:
+) -> tuple[dict[str, Any], list[int]]:
     """Throughput of one batch, and each request's output length."""
     start = time.perf_counter()
     results = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     lengths = [len(r.outputs[0].token_ids) for r in results]
+    reasons: dict[str, int] = {}
+    for r in results:
+        reason = str(r.outputs[0].finish_reason)
+        reasons[reason] = reasons.get(reason, 0) + 1
+        if r.outputs[0].error:
+            print(f"error: {r.outputs[0].error}")
     tokens = sum(lengths)
     parsed = 0
     for r in results:
@@ -77,11 +83,12 @@ def run(
             parsed += 1
         except ValueError:
             pass
-    summary = {
+    summary: dict[str, Any] = {
         "output_tokens": tokens,
         "seconds": elapsed,
         "output_tok_s": tokens / elapsed,
         "outputs_that_parse": parsed,
+        "finish_reasons": reasons,
     }
     return summary, lengths
 
@@ -114,7 +121,7 @@ def main() -> None:
     with MaskTimer() as masks:
         schema_run, lengths = run(llm, prompts, constrained)
     # The free run produces as many tokens per request as the constrained one did.
-    free = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    free = [SamplingParams(temperature=0.0, max_tokens=max(n, 1), ignore_eos=True) for n in lengths]
     free_run, _ = run(llm, prompts, free)
     fills = sorted(masks.seconds)
     report = {

@@ -68,8 +68,10 @@ class Gate:
         self.release.wait(30)
         return self.tokenizer.encode_batch(texts, add_special_tokens)
 
-    def render_chat(self, messages: list[Message]) -> str:
-        return self.tokenizer.render_chat(messages)
+    def render_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return self.tokenizer.render_chat(messages, tools)
 
 
 @pytest.fixture
