@@ -188,14 +188,17 @@ class StructuredOutputs:
 
     def _tokenizer(self) -> LLTokenizer:
         """llguidance's view of the vocabulary (~0.6 s to make, so made once, when the first
-        grammar is compiled); the end of sequence is every end token of the model."""
+        grammar is compiled); the end of sequence is every end token of the model that the
+        tokenizer has (a model's config may name ids beyond a smaller tokenizer's)."""
         with self._lock:
             if self._lltokenizer is None:
                 assert self.tokenizer is not None
+                known = len(self.tokenizer.hf)
+                eos = sorted(i for i in self.tokenizer.eos_token_ids if i < known)
                 self._lltokenizer = llguidance.hf.from_tokenizer(
                     self.tokenizer.hf,  # type: ignore[arg-type]
                     n_vocab=self.vocab_size,
-                    eos_token=sorted(self.tokenizer.eos_token_ids),
+                    eos_token=eos or None,
                 )
             return self._lltokenizer
 

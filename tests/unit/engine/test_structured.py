@@ -58,6 +58,21 @@ def test_the_bitmask_bans_what_the_grammar_forbids(tokenizer: Tokenizer) -> None
     assert tokenizer.decode([tokens[1]]) in ("y", "ye", "yes", "n", "no")
 
 
+def test_end_ids_beyond_the_tokenizer_do_not_stop_a_grammar_compiling(
+    tokenizer: Tokenizer,
+) -> None:
+    """A model's config may list end ids past a smaller tokenizer's vocabulary (a checkpoint
+    pairing llama-3.2-3b's shapes with SmolLM2's tokenizer lists 128001)."""
+    wide = Tokenizer(tokenizer.hf, [*tokenizer.eos_token_ids, 128001])
+    grammars = StructuredOutputs(wide, 128256)
+    request = _request(SamplingParams(structured_outputs=StructuredOutputsParams(json={})))
+    grammars.attach(request)
+    assert request.grammar is not None
+    while not request.grammar.ready:
+        time.sleep(0.01)
+    assert request.grammar.error is None
+
+
 def test_matchers_follow_tokens_and_take_them_back(tokenizer: Tokenizer) -> None:
     grammars = StructuredOutputs(tokenizer, 49152)
     for case in CASES:
