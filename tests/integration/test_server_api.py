@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +17,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infer import SamplingParams
-from infer.server import build_server, serve_in_thread
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -36,18 +34,6 @@ def offline(smollm2_llm: Any) -> dict[str, Any]:
         )[0],
         "seeded": smollm2_llm.generate(PROMPTS[2], SEEDED, use_tqdm=False)[0],
     }
-
-
-@pytest.fixture(scope="module")
-def url(smollm2_llm: Any) -> Iterator[str]:
-    server = build_server(smollm2_llm.config, port=0, log_level="warning")
-    with serve_in_thread(server) as base_url:
-        yield base_url
-
-
-@pytest.fixture(scope="module")
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def metric(url: str, name: str) -> float:

@@ -4,15 +4,12 @@ official ``openai`` client and SmolLM2 on the CPU."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-
-from infer.server import build_server, serve_in_thread
 
 MODEL = "smollm2-135m"
 WEATHER = {
@@ -51,18 +48,6 @@ TOOLS: list[Any] = [
     },
 ]
 ASK_WEATHER: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def url(smollm2_llm: Any) -> Iterator[str]:
-    server = build_server(smollm2_llm.config, port=0, log_level="warning")
-    with serve_in_thread(server) as base_url:
-        yield base_url
-
-
-@pytest.fixture(scope="module")
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def test_response_format_json_schema_chat_and_completions(client: openai.OpenAI) -> None:
