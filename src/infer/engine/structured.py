@@ -13,7 +13,8 @@ dependencies.
   matcher (``RequestGrammar``). The scheduler admits a request once its grammar is ready
   (``next_admissible``); nobody else waits for it.
 - ``fill_bitmask`` runs when a step's sampling batch is built, after the forward pass was
-  queued, so on a GPU the host fills the masks while the device computes the logits. Each
+  queued, so on a GPU the host fills the masks while the device computes the logits (for a
+  step scheduled ahead, once the previous step's tokens are known: ``Engine.step``). Each
   matcher first consumes the request's output tokens it has not seen; a preempted request
   keeps its output tokens, so its matcher stays valid. Requests without a constraint cost
   nothing: no mask is built when no row has one.
@@ -236,8 +237,9 @@ def fill_bitmask(
     """The token bitmasks of a step's constrained rows: their indices and ``[R,
     ceil(vocab_size / 32)]`` int32 words on the host (bit ``t % 32`` of word ``t // 32`` set:
     token ``t`` allowed), or None when no row is constrained. Pinned for a CUDA device, so
-    their copy does not wait."""
-    rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+    their copy does not wait. A row whose request has finished meanwhile (its sampling was
+    deferred, ``Engine.step``) gets no mask: its token will be dropped."""
+    rows = [i for i, r in enumerate(requests) if r.grammar is not None and not r.is_finished]
     if not rows:
         return None
     words = (vocab_size + 31) // 32

@@ -16,7 +16,12 @@ import torch
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, sample
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.structured import RequestGrammar, StructuredOutputs, next_admissible
+from infer.engine.structured import (
+    RequestGrammar,
+    StructuredOutputs,
+    fill_bitmask,
+    next_admissible,
+)
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 
@@ -108,8 +113,41 @@ def test_waiting_requests_pass_one_whose_grammar_compiles() -> None:
     assert next_admissible(waiting, failed) is compiling
 
 
-def test_constrained_requests_are_not_plain_greedy_nor_launched_ahead() -> None:
+def test_constrained_requests_are_not_plain_greedy_and_sample_after_the_host() -> None:
     params = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a"))
     assert params.needs_output_tokens
     assert not _request(params).plain_greedy
     assert not SamplingParams().needs_output_tokens
+
+
+def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> None:
+    """Rows in different grammar states (and a free row, and a finished one) filled in one
+    call get the masks their matchers give one at a time."""
+    grammars = StructuredOutputs(tokenizer, 49152)
+    texts = [json.dumps(case["example"]) for case in CASES[:4]]
+    requests = [_request(SamplingParams(), "free")]
+    for k, case in enumerate(CASES[:4]):
+        request = _request(
+            SamplingParams(structured_outputs=StructuredOutputsParams(json=case["schema"])),
+            f"c{k}",
+        )
+        grammars.attach(request)
+        output = tokenizer.hf.encode(texts[k], add_special_tokens=False)
+        request.token_ids += output[: 1 + 3 * k]  # each row mid-way, at its own place
+        requests.append(request)
+    done = _request(SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+")), "d")
+    grammars.attach(done)
+    done.finish("stop")
+    requests.append(done)
+    filled = fill_bitmask(requests, 49152, torch.device("cpu"))
+    assert filled is not None
+    rows, bits = filled
+    assert rows == [1, 2, 3, 4]
+    for k, i in enumerate(rows):
+        grammar = requests[i].grammar
+        assert grammar is not None
+        alone = grammar.advance(requests[i].output_token_ids).deep_copy()
+        expected = torch.zeros(bits.shape[1], dtype=torch.int32)
+        alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
+        assert torch.equal(bits[k], expected), requests[i].request_id
+        assert bool((expected != -1).any())  # a real constraint
