@@ -10,6 +10,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from infer.engine.structured import (
     RequestGrammar,
     StructuredOutputs,
     fill_bitmask,
+    grammar_for,
     next_admissible,
 )
 from infer.loader import resolve_model
@@ -151,3 +154,28 @@ def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> 
         alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
         assert torch.equal(bits[k], expected), requests[i].request_id
         assert bool((expected != -1).any())  # a real constraint
+
+
+def test_the_finer_slices_give_the_default_slices_masks(tokenizer: Tokenizer) -> None:
+    """``SLICES`` only makes masks cheaper: at every step of strings with and without a
+    ``maxLength``, the mask is the one llguidance's default slices give."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}},
+            "note": {"type": "string"},
+        },
+        "required": ["name", "tags", "note"],
+    }
+    text = json.dumps({"name": "Ada Lovelace", "tags": ["x", "math", "ab cd"], "note": "hi 2"})
+    tokens = tokenizer.hf.encode(text, add_special_tokens=False)
+    grammars = StructuredOutputs(tokenizer, 49152)
+    default = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=49152, eos_token=[2])  # type: ignore[arg-type]
+    grammar = grammar_for("json", schema)
+    ours = grammars._build(grammar)
+    theirs = llguidance.LLMatcher(default, grammar)
+    for token in [*tokens, None]:
+        assert ours.compute_bitmask() == theirs.compute_bitmask()
+        if token is not None:
+            assert ours.consume_token(token) and theirs.consume_token(token)
