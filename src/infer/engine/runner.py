@@ -3,7 +3,9 @@
 The host builds the step's metadata with numpy and copies it once; the device returns the
 sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`` — apart
 from ``launch``, so the engine can queue the next step before waiting for this one.
-Decode-only steps replay a captured CUDA graph when one is available.
+``launch`` is ``forward`` then ``sample``: a step whose sampling needs the previous step's
+tokens on the host (grammar masks, penalties) has its forward pass queued ahead and its
+sampling queued later. Decode-only steps replay a captured CUDA graph when one is available.
 """
 
 from __future__ import annotations
