@@ -94,6 +94,42 @@ def test_free_requests_get_the_same_tokens_beside_constrained_ones(smollm2_llm: 
     ]
 
 
+def test_scheduled_ahead_constrained_steps_sample_what_synchronous_steps_do(
+    smollm2_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With async scheduling a constrained (or penalised) request's forward pass is queued
+    ahead and its sampling waits for the previous token: the tokens are those of the
+    synchronous loop, which launches nothing ahead."""
+    schema = StructuredOutputsParams(json=CASES[0]["schema"])
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=schema),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=24, structured_outputs=schema),
+        SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=1.0),
+        SamplingParams(temperature=0.0, max_tokens=12),
+    ]
+    prompts = ["Describe a person:", "A person in JSON:", "Once upon a time", "The sky is"]
+    engine = smollm2_llm.engine
+    forwarded = []
+    original = engine.runner.forward
+
+    def counting(*args: Any) -> Any:
+        forwarded.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(engine.runner, "forward", counting)
+    ahead = smollm2_llm.generate(prompts, params, use_tqdm=False)
+    # Constrained rows ran ahead (fed from the device), their masks filled afterwards.
+    assert any(
+        s.previous_rows is not None and any(c.request.grammar for c in s.chunks) for s in forwarded
+    )
+    monkeypatch.setattr(engine.config, "use_async_scheduling", False)
+    synchronous = smollm2_llm.generate(prompts, params, use_tqdm=False)
+    assert [r.outputs[0].token_ids for r in ahead] == [r.outputs[0].token_ids for r in synchronous]
+    for r in ahead[:2]:
+        if r.outputs[0].finish_reason == "stop":
+            json.loads(r.outputs[0].text)
+
+
 def test_cut_by_max_tokens_says_length(smollm2_llm: Any) -> None:
     params = SamplingParams(
         temperature=0.0,

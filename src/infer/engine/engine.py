@@ -19,7 +19,7 @@ from infer.engine.memory import KVCacheBuilder
 from infer.engine.output import request_output
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.request import Request, RequestOutput, TokenLogprob
-from infer.engine.runner import LaunchedStep, ModelRunner
+from infer.engine.runner import ForwardedStep, LaunchedStep, ModelRunner
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.structured import StructuredOutputs
@@ -144,7 +144,9 @@ class Engine:
 
         With ``use_async_scheduling``, the decode step that continues a decode step is
         scheduled and launched before that one's tokens are collected, so the host's
-        bookkeeping overlaps the device's work; the next call collects it.
+        bookkeeping overlaps the device's work; the next call collects it. When its sampling
+        reads the output so far on the host (a grammar's mask, penalties), only its forward
+        pass is queued ahead, and its sampling once this step's tokens are known.
         """
         outputs: list[RequestOutput] = []
         current, self._inflight = self._inflight, None
@@ -157,15 +159,24 @@ class Engine:
                     return outputs
                 involved = scheduled.requests()
                 current = self._launch(scheduled)
+            deferred: tuple[SchedulerOutput, ForwardedStep | None] | None = None
             if self.config.use_async_scheduling and current.launched is not None:
                 ahead = self.scheduler.schedule_ahead(current.scheduled)
                 if ahead is not None:
                     involved += ahead.requests()
-                    self._inflight = self._launch(ahead, current.launched)
+                    if any(r.params.needs_output_tokens for r in ahead.requests()):
+                        # Its forward pass now; its sampling once this step's tokens are known.
+                        deferred = (ahead, self.runner.forward(ahead, current.launched))
+                    else:
+                        self._inflight = self._launch(ahead, current.launched)
             result = self.runner.collect(current.launched)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
                 outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
+            if deferred is not None:
+                ahead, forwarded = deferred
+                launched = None if forwarded is None else self.runner.sample(forwarded)
+                self._inflight = Inflight(ahead, launched)
         except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
             self._inflight = None

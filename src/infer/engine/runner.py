@@ -3,7 +3,9 @@
 The host builds the step's metadata with numpy and copies it once; the device returns the
 sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`` — apart
 from ``launch``, so the engine can queue the next step before waiting for this one.
-Decode-only steps replay a captured CUDA graph when one is available.
+``launch`` is ``forward`` then ``sample``: a step whose sampling needs the previous step's
+tokens on the host (grammar masks, penalties) has its forward pass queued ahead and its
+sampling queued later. Decode-only steps replay a captured CUDA graph when one is available.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ class LaunchedStep:
     done: torch.cuda.Event | None  # None on the CPU, where the copies are already done
 
 
+@dataclass
+class ForwardedStep:
+    """A step whose forward pass is queued but whose sampling is not: ``ModelRunner.sample``
+    queues it once the host knows what it reads (the previous step's tokens, for a
+    grammar's mask or penalties)."""
+
+    requests: list[Request]  # the rows that sample, in order
+    logits: Tensor  # [B, V] on the device
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -50,7 +62,6 @@ class ModelRunner:
         self.graphs = graphs
         model.bind_kv_cache(pool.k, pool.v)
 
-    @torch.inference_mode()
     def launch(
         self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
     ) -> LaunchedStep | None:
@@ -59,6 +70,14 @@ class ModelRunner:
         A step scheduled ahead takes its input tokens from ``previous``'s samples on the
         device (``scheduled.previous_rows``); the host does not know them yet.
         """
+        forwarded = self.forward(scheduled, previous)
+        return None if forwarded is None else self.sample(forwarded)
+
+    @torch.inference_mode()
+    def forward(
+        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
+    ) -> ForwardedStep | None:
+        """Queue the step's forward pass only (``launch`` without sampling)."""
         chunks = scheduled.chunks
         sequences = []
         for chunk in chunks:
@@ -78,6 +97,13 @@ class ModelRunner:
         logits = self._logits(sequences, [c.samples for c in chunks], input_ids)
         if not sampling:
             return None
+        return ForwardedStep(sampling, logits)
+
+    @torch.inference_mode()
+    def sample(self, forwarded: ForwardedStep) -> LaunchedStep:
+        """Queue the sampling of a forwarded step and the copy of its samples to the host;
+        the settings (a grammar's mask included) are read from the requests now."""
+        sampling, logits = forwarded.requests, forwarded.logits
         if all(r.plain_greedy for r in sampling):
             out = SamplerOutput(logits.argmax(dim=-1))
         else:

@@ -173,7 +173,7 @@ class _TokenBitmask:
     """The tokens each constrained row's grammar allows next, one bit per token (filled on
     the host by ``structured.fill_bitmask``); the others are set to -inf."""
 
-    rows: Tensor  # [R] int64
+    rows: Tensor | None  # [R] int64; None: every row of the batch, in order
     bits: Tensor  # [R, ceil(V / 32)] int32
 
     @classmethod
@@ -184,14 +184,19 @@ class _TokenBitmask:
         if filled is None:
             return None
         rows, bits = filled
-        return cls(
-            torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
-            bits.to(device, non_blocking=True),
-        )
+        index = None
+        if len(rows) < len(requests):
+            index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        return cls(index, bits.to(device, non_blocking=True))
 
     def apply(self, logits: Tensor) -> Tensor:
-        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        allowed = ((self.bits[:, :, None] >> shifts) & 1).flatten(1)[:, : logits.shape[-1]]
+        # Unpacked a byte at a time (the words are little-endian: byte j of word w holds
+        # tokens 32w + 8j ..), so the [R, V] intermediate is one byte per token.
+        octets = self.bits.view(torch.uint8)
+        shifts = torch.arange(8, dtype=torch.uint8, device=logits.device)
+        allowed = ((octets[:, :, None] >> shifts) & 1).flatten(1)[:, : logits.shape[-1]]
+        if self.rows is None:
+            return logits.masked_fill(allowed == 0, float("-inf"))
         masked = logits[self.rows].masked_fill(allowed == 0, float("-inf"))
         return logits.index_copy(0, self.rows, masked)
 

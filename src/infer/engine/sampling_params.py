@@ -189,8 +189,8 @@ class SamplingParams:
     @property
     def needs_output_tokens(self) -> bool:
         """Whether sampling reads the output so far on the host (penalties count it, a
-        grammar's mask follows it), so a step cannot be queued before the previous one's
-        tokens are known."""
+        grammar's mask follows it), so a step's sampling cannot be queued before the
+        previous one's tokens are known (its forward pass can: ``Engine.step``)."""
         return self.needs_penalties or self.structured_outputs is not None
 
 

@@ -157,7 +157,9 @@ class Scheduler:
     def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
         """The decode step that continues ``previous`` (a decode step in flight), fed from its
         samples on the device; None when the next step needs the host first (admissions,
-        preemption, penalties, a request joining or ending by length)."""
+        preemption, a request joining or ending by length). Where a row's sampling reads its
+        output so far (``needs_output_tokens``), the engine queues only the forward pass
+        ahead and samples once the tokens are known."""
         if not previous.is_decode_only or self.waiting:
             return None
         self.retire()
@@ -170,7 +172,7 @@ class Scheduler:
             if not r.is_finished and not r.reaches_length(r.num_scheduled_tokens, self.max_seq_len)
         ]
         requests = [previous.chunks[i].request for i in rows]
-        if not requests or any(r.params.needs_output_tokens for r in requests):
+        if not requests:
             return None
         if not all(self.pool.prepare_append(r.seq_id, 1) for r in requests):  # type: ignore[arg-type]
             return None

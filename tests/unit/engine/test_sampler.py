@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from infer.engine.request import Request
-from infer.engine.sampler import SamplingBatch, sample, uniform_noise
+from infer.engine.sampler import SamplingBatch, _TokenBitmask, sample, uniform_noise
 from infer.engine.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -199,3 +199,20 @@ def test_min_tokens_cannot_exceed_max_tokens() -> None:
     with pytest.raises(ValueError, match=r"^min_tokens:"):
         SamplingParams(max_tokens=2, min_tokens=3)
     assert SamplingParams(stop="x").stop == ["x"]
+
+
+def test_a_token_bitmask_sets_exactly_the_tokens_whose_bit_is_clear_to_minus_inf() -> None:
+    """Bit ``t % 32`` of word ``t // 32`` is token ``t``; the vocabulary ends mid-word; rows
+    without a mask are untouched, whether all rows or some have one."""
+    vocab = 77
+    bits = torch.randint(-(2**31), 2**31 - 1, (3, 3), dtype=torch.int32)
+    logits = torch.randn(4, vocab)
+    expected = logits.clone()
+    for k, i in enumerate([0, 2, 3]):
+        for t in range(vocab):
+            if not (int(bits[k, t // 32]) >> (t % 32)) & 1:
+                expected[i, t] = float("-inf")
+    some = _TokenBitmask(torch.tensor([0, 2, 3]), bits)
+    assert torch.equal(some.apply(logits), expected)
+    every = _TokenBitmask(None, bits)
+    assert torch.equal(every.apply(logits[[0, 2, 3]]), expected[[0, 2, 3]])

@@ -10,13 +10,21 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import pytest
 import torch
 
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, sample
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.structured import RequestGrammar, StructuredOutputs, next_admissible
+from infer.engine.structured import (
+    RequestGrammar,
+    StructuredOutputs,
+    fill_bitmask,
+    grammar_for,
+    next_admissible,
+)
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 
@@ -108,8 +116,66 @@ def test_waiting_requests_pass_one_whose_grammar_compiles() -> None:
     assert next_admissible(waiting, failed) is compiling
 
 
-def test_constrained_requests_are_not_plain_greedy_nor_launched_ahead() -> None:
+def test_constrained_requests_are_not_plain_greedy_and_sample_after_the_host() -> None:
     params = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a"))
     assert params.needs_output_tokens
     assert not _request(params).plain_greedy
     assert not SamplingParams().needs_output_tokens
+
+
+def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> None:
+    """Rows in different grammar states (and a free row, and a finished one) filled in one
+    call get the masks their matchers give one at a time."""
+    grammars = StructuredOutputs(tokenizer, 49152)
+    texts = [json.dumps(case["example"]) for case in CASES[:4]]
+    requests = [_request(SamplingParams(), "free")]
+    for k, case in enumerate(CASES[:4]):
+        request = _request(
+            SamplingParams(structured_outputs=StructuredOutputsParams(json=case["schema"])),
+            f"c{k}",
+        )
+        grammars.attach(request)
+        output = tokenizer.hf.encode(texts[k], add_special_tokens=False)
+        request.token_ids += output[: 1 + 3 * k]  # each row mid-way, at its own place
+        requests.append(request)
+    done = _request(SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+")), "d")
+    grammars.attach(done)
+    done.finish("stop")
+    requests.append(done)
+    filled = fill_bitmask(requests, 49152, torch.device("cpu"))
+    assert filled is not None
+    rows, bits = filled
+    assert rows == [1, 2, 3, 4]
+    for k, i in enumerate(rows):
+        grammar = requests[i].grammar
+        assert grammar is not None
+        alone = grammar.advance(requests[i].output_token_ids).deep_copy()
+        expected = torch.zeros(bits.shape[1], dtype=torch.int32)
+        alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
+        assert torch.equal(bits[k], expected), requests[i].request_id
+        assert bool((expected != -1).any())  # a real constraint
+
+
+def test_the_finer_slices_give_the_default_slices_masks(tokenizer: Tokenizer) -> None:
+    """``SLICES`` only makes masks cheaper: at every step of strings with and without a
+    ``maxLength``, the mask is the one llguidance's default slices give."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}},
+            "note": {"type": "string"},
+        },
+        "required": ["name", "tags", "note"],
+    }
+    text = json.dumps({"name": "Ada Lovelace", "tags": ["x", "math", "ab cd"], "note": "hi 2"})
+    tokens = tokenizer.hf.encode(text, add_special_tokens=False)
+    grammars = StructuredOutputs(tokenizer, 49152)
+    default = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=49152, eos_token=[2])  # type: ignore[arg-type]
+    grammar = grammar_for("json", schema)
+    ours = grammars._build(grammar)
+    theirs = llguidance.LLMatcher(default, grammar)
+    for token in [*tokens, None]:
+        assert ours.compute_bitmask() == theirs.compute_bitmask()
+        if token is not None:
+            assert ours.consume_token(token) and theirs.consume_token(token)
