@@ -39,6 +39,15 @@ class Inflight:
     launched: LaunchedStep | None
 
 
+@dataclass
+class Deferred:
+    """A step scheduled ahead whose forward pass is queued and whose sampling waits for the
+    previous step's tokens on the host."""
+
+    scheduled: SchedulerOutput
+    forwarded: ForwardedStep | None
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -159,24 +168,14 @@ class Engine:
                     return outputs
                 involved = scheduled.requests()
                 current = self._launch(scheduled)
-            deferred: tuple[SchedulerOutput, ForwardedStep | None] | None = None
-            if self.config.use_async_scheduling and current.launched is not None:
-                ahead = self.scheduler.schedule_ahead(current.scheduled)
-                if ahead is not None:
-                    involved += ahead.requests()
-                    if any(r.params.needs_output_tokens for r in ahead.requests()):
-                        # Its forward pass now; its sampling once this step's tokens are known.
-                        deferred = (ahead, self.runner.forward(ahead, current.launched))
-                    else:
-                        self._inflight = self._launch(ahead, current.launched)
+            ahead = self._launch_ahead(current, involved)
             result = self.runner.collect(current.launched)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
                 outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
-            if deferred is not None:
-                ahead, forwarded = deferred
-                launched = None if forwarded is None else self.runner.sample(forwarded)
-                self._inflight = Inflight(ahead, launched)
+            if isinstance(ahead, Deferred):  # its tokens are known now: sample
+                sampled = None if ahead.forwarded is None else self.runner.sample(ahead.forwarded)
+                self._inflight = Inflight(ahead.scheduled, sampled)
         except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
             self._inflight = None
@@ -185,6 +184,22 @@ class Engine:
         self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
+
+    def _launch_ahead(self, current: Inflight, involved: list[Request]) -> Deferred | None:
+        """With async scheduling, launch the decode step that continues ``current`` (it
+        becomes the step in flight); where its sampling reads the output so far (a grammar's
+        mask, penalties), queue only its forward pass and return it to sample later. Its
+        requests join ``involved`` (the requests a failure of this step concerns)."""
+        if not self.config.use_async_scheduling or current.launched is None:
+            return None
+        ahead = self.scheduler.schedule_ahead(current.scheduled)
+        if ahead is None:
+            return None
+        involved += ahead.requests()
+        if any(r.params.needs_output_tokens for r in ahead.requests()):
+            return Deferred(ahead, self.runner.forward(ahead, current.launched))
+        self._inflight = self._launch(ahead, current.launched)
+        return None
 
     def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
         """Queue a step on the device; its samples stay there until collected."""
