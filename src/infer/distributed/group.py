@@ -11,6 +11,7 @@ initialised (``SINGLE``).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,14 +27,20 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("INFER_TP_TIMEOUT_S"
 IDLE_TIMEOUT = timedelta(days=365)
 
 
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel rank is gone: no step can run any more."""
+
+
 @dataclass
 class ParallelGroup:
-    """One rank of ``world_size``; ``compute``/``control`` are None when it is alone."""
+    """One rank of ``world_size``; ``compute``/``control`` are None when it is alone.
+    ``check_alive`` (rank 0, local workers) raises ``WorkerDiedError`` for a dead worker."""
 
     rank: int = 0
     world_size: int = 1
     compute: Any = None
     control: Any = None
+    check_alive: Callable[[], None] | None = None
 
     def all_reduce(self, x: Tensor) -> Tensor:
         """Sum ``x`` over the ranks, in place (the row-parallel layers' partial sums)."""
@@ -59,6 +66,8 @@ class ParallelGroup:
         """Rank 0's picklable ``obj`` on every rank (the others pass None)."""
         if self.world_size == 1:
             return obj
+        if self.check_alive is not None:
+            self.check_alive()  # a dead peer would fail the broadcast less clearly
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
@@ -75,15 +84,15 @@ class ParallelGroup:
 SINGLE = ParallelGroup()
 
 
-def init_group(
-    rank: int, world_size: int, backend: str, check_alive: Callable[[], None] | None = None
+def join_group(
+    rank: int, world_size: int, check_alive: Callable[[], None] | None = None
 ) -> ParallelGroup:
-    """Join the group from the standard environment (``MASTER_ADDR``, ``MASTER_PORT``);
-    ``backend`` (``nccl`` or ``gloo``) carries the compute collectives.
+    """Join the control group from the standard environment (``MASTER_ADDR``,
+    ``MASTER_PORT``); ``open_compute`` adds the compute group once the device is known.
 
     Every rank announces itself in the rendezvous store first; rank 0 waits for all of them
-    in short slices, calling ``check_alive`` between slices, so a worker that dies while
-    starting is an error at once rather than a wait for the store's timeout.
+    in one-second slices, calling ``check_alive`` between slices, so a worker that dies while
+    starting is an error at once rather than a wait for the timeout.
     """
     store = dist.TCPStore(
         os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -94,19 +103,28 @@ def init_group(
     )
     store.set(f"infer-rank-{rank}", "up")
     others = [f"infer-rank-{r}" for r in range(1, world_size)]
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()
     while rank == 0:
         try:
             store.wait(others, timedelta(seconds=1))
             break
-        except (RuntimeError, dist.DistStoreError):
+        except dist.DistStoreError:
             if check_alive is not None:
                 check_alive()
+            if time.monotonic() > deadline:
+                raise WorkerDiedError(
+                    f"tensor-parallel ranks did not join within {COLLECTIVE_TIMEOUT}"
+                ) from None
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size, timeout=IDLE_TIMEOUT
     )
-    control = dist.group.WORLD
-    compute = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
-    return ParallelGroup(rank, world_size, compute, control)
+    return ParallelGroup(rank, world_size, None, dist.group.WORLD, check_alive)
+
+
+def open_compute(group: ParallelGroup, device: torch.device) -> None:
+    """Create the compute group: NCCL for CUDA devices, gloo on the CPU (all ranks call it)."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    group.compute = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
 
 
 def close_group() -> None:
