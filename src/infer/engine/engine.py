@@ -25,6 +25,7 @@ from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.structured import StructuredOutputs
 from infer.loader import ModelSource, resolve_model
+from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Engine:
         self.workers: Workers | None = None
         group = SINGLE
         if config.tensor_parallel_size > 1:
+            check_tensor_parallel(self.model_config, config.tensor_parallel_size)
             from infer.distributed.worker import start_workers  # tp=1 starts no process group
 
             self.workers, group = start_workers(config)

@@ -22,7 +22,6 @@ from infer.engine.warmup import warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
 from infer.loader import ModelSource, load_model
 from infer.models import DecoderModel
-from infer.models.common import check_tensor_parallel
 
 
 @dataclass
@@ -41,7 +40,6 @@ def build_rank(
     group: ParallelGroup,
 ) -> RankState:
     """Load this rank's model and pool, warm up and capture graphs on a GPU."""
-    check_tensor_parallel(model_config, group.world_size)
     dtype = config.torch_dtype
     model, _ = load_model(
         source, device, dtype, max_seq_len, config.load_format, config.seed, group
