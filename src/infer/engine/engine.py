@@ -83,9 +83,11 @@ class Engine:
         raises ``WorkerDiedError`` if one has died (the clearer error of a failed start)."""
         if self.workers is not None:
             workers, self.workers = self.workers, None
-            if check_workers:
-                workers.check_alive(grace_s=2.0)
-            workers.stop()
+            try:
+                if check_workers:
+                    workers.check_alive(grace_s=2.0)
+            finally:
+                workers.stop()
 
     def _load_tokenizer(self) -> Tokenizer | None:
         path = self.config.tokenizer or self.source.tokenizer_path

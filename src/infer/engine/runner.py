@@ -13,6 +13,7 @@ collectives inside it pair up, and only rank 0 samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,6 +52,17 @@ class StepInputs:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.sequences)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as plain tuples: unpickling 256 dataclasses costs a worker ~3x more."""
+        rows = [(s.block_table, s.num_computed, s.token_ids) for s in self.sequences]
+        return _step_inputs, (rows, self.samples, self.ahead)
+
+
+def _step_inputs(
+    rows: list[tuple[list[int], int, list[int]]], samples: list[bool], ahead: bool
+) -> StepInputs:
+    return StepInputs([ScheduledSequence(*row) for row in rows], samples, ahead)
 
 
 class ModelRunner:
