@@ -6,6 +6,8 @@ a worker that dies is an error, not a hang."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,6 +57,8 @@ def test_tp3_equals_tp1_on_smollm2(smollm2_llm: LLM) -> None:
 
 def test_dead_worker_is_an_error(tiny_checkpoint: Callable[[str], Path]) -> None:
     llm = LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=2, max_seq_len=64, **OPTIONS)
+    # Rank 0's share of the pool: all 64 blocks, one of the two KV heads.
+    assert llm.engine.pool.k.shape[1:3] == (64, 1)
     workers = llm.engine.workers
     assert workers is not None
     workers.processes[1].kill()
@@ -67,3 +71,11 @@ def test_dead_worker_is_an_error(tiny_checkpoint: Callable[[str], Path]) -> None
 def test_unsplittable_model_names_the_flag(tiny_checkpoint: Callable[[str], Path]) -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size: 3 ranks cannot split"):
         LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=3, **OPTIONS)
+
+
+def test_worker_that_cannot_start_is_an_error(
+    tiny_checkpoint: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # exits with code 1
+    with pytest.raises(WorkerDiedError, match="worker rank 1 exited with code 1"):
+        LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=2, **OPTIONS)

@@ -100,6 +100,7 @@ def join_group(
         world_size,
         is_master=rank == 0,
         timeout=COLLECTIVE_TIMEOUT,
+        wait_for_workers=False,  # rank 0 waits below, watching the workers
     )
     store.set(f"infer-rank-{rank}", "up")
     others = [f"infer-rank-{r}" for r in range(1, world_size)]
