@@ -232,6 +232,7 @@ class EngineConfig:
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     use_async_scheduling: bool = True
+    tensor_parallel_size: int = 1
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
@@ -340,6 +341,11 @@ class EngineConfig:
             "device",
             f"must be 'cpu' or 'cuda[:N]', got {self.device!r}",
         )
+        _check(
+            self.tensor_parallel_size >= 1,
+            "tensor_parallel_size",
+            f"must be >= 1, got {self.tensor_parallel_size}",
+        )
         static = self.batching_mode == "static"
         _check(
             not (static and self.kv_cache_backend == "paged"),
@@ -374,6 +380,12 @@ class EngineConfig:
             )
         if self.device is not None and self.device.startswith("cuda"):
             _check(torch.cuda.is_available(), "device", "CUDA was requested but is not available")
+        if self.tensor_parallel_size > 1 and self.resolved_device.type == "cuda":
+            _check(
+                self.resolved_device.index in (None, 0),
+                "tensor_parallel_size",
+                "ranks use cuda:0, cuda:1, ...; leave device as 'cuda'",
+            )
 
     # Resolved values (the machine's choices for the ``None`` fields).
     @property

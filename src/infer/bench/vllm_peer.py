@@ -85,7 +85,8 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
     torch.compile, prefix caching, chunked prefill) and the settings to record.
 
     Of infer's flags it takes ``--model``, ``--load-format``, ``--dtype``,
-    ``--gpu-memory-utilization`` and ``--seed``; the context is infer's (``max_seq_len``)."""
+    ``--gpu-memory-utilization``, ``--tensor-parallel-size`` and ``--seed``; the context is
+    infer's (``max_seq_len``)."""
     vllm = import_vllm()
     folder, load_format = model_folder(config.model, config.load_format)
     dtype = str(config.torch_dtype).removeprefix("torch.")
@@ -96,6 +97,7 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
         "dtype": dtype,
         "max_model_len": max_seq_len,
         "gpu_memory_utilization": config.gpu_memory_utilization,
+        "tensor_parallel_size": config.tensor_parallel_size,
         "seed": config.seed,
     }
     started = time.perf_counter()

@@ -28,7 +28,9 @@ _HELP = {
     "use_cuda_graphs": "capture decode steps in CUDA graphs (default: on with CUDA)",
     "dtype": "float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
     "device": "cpu | cuda[:N] (default: cuda when available)",
+    "tensor_parallel_size": "split the model over this many ranks (GPUs, or CPU processes)",
 }
+_ALIASES = {"tensor_parallel_size": ["-tp"]}
 
 
 def _flag(name: str) -> str:
@@ -64,7 +66,8 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
         if base is bool:
             group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, **kwargs)
         else:
-            group.add_argument(_flag(field.name), type=base, **kwargs)
+            flags = [_flag(field.name), *_ALIASES.get(field.name, [])]
+            group.add_argument(*flags, type=base, **kwargs)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -12,21 +12,24 @@ import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infer.config import EngineConfig, ModelConfig
-from infer.engine.cuda_graphs import CUDAGraphRunner
-from infer.engine.memory import KVCacheBuilder
+from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.output import request_output
 from infer.engine.prompts import Prompt, PromptEncoder
+from infer.engine.rank import build_rank
 from infer.engine.request import Request, RequestOutput, TokenLogprob
-from infer.engine.runner import ForwardedStep, LaunchedStep, ModelRunner
+from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.structured import StructuredOutputs
-from infer.engine.warmup import warm_up_kernels
-from infer.kernels.dispatch import triton_enabled
-from infer.loader import ModelSource, load_model, resolve_model
+from infer.loader import ModelSource, resolve_model
+from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
+
+if TYPE_CHECKING:
+    from infer.distributed.worker import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -56,25 +59,23 @@ class Engine:
         self.source: ModelSource = resolve_model(config.model)
         self.model_config = ModelConfig.from_hf_dict(self.source.hf_config)
         self.max_seq_len = config.resolved_max_seq_len(self.model_config)
-        self.model, _ = load_model(
-            self.source, self.device, self.dtype, self.max_seq_len, config.load_format, config.seed
-        )
+        self.workers: Workers | None = None
+        group = SINGLE
+        if config.tensor_parallel_size > 1:
+            check_tensor_parallel(self.model_config, config.tensor_parallel_size)
+            from infer.distributed.worker import start_workers  # tp=1 starts no process group
+
+            self.workers, group = start_workers(config)
+        try:
+            rank = build_rank(
+                config, self.source, self.model_config, self.max_seq_len, self.device, group
+            )
+        except Exception:
+            self.close(check_workers=True)
+            raise
+        self.model, self.pool, self.runner = rank.model, rank.pool, rank.runner
         self.tokenizer = self._load_tokenizer()
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
-        self.pool = KVCacheBuilder(
-            config, self.model_config, self.model, self.device, self.dtype, self.max_seq_len
-        ).build()
-        graphs = None
-        # Graphs capture the Triton kernels; the torch attention path is the eager reference.
-        if config.cuda_graphs_enabled and triton_enabled(self.device):
-            graphs = CUDAGraphRunner(
-                self.model, config.block_size, config.max_batch_size, self.max_seq_len, self.device
-            )
-        self.runner = ModelRunner(self.model, self.pool, self.device, self.max_seq_len, graphs)
-        if self.device.type == "cuda":
-            warm_up_kernels(self.model, self.pool, self.device, self.max_seq_len)
-        if graphs is not None:
-            graphs.capture()
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self._inflight: Inflight | None = None
@@ -86,6 +87,17 @@ class Engine:
         self.peak_utilization = 0.0
 
     # --- construction --------------------------------------------------------------------
+    def close(self, check_workers: bool = False) -> None:
+        """Stop the tensor-parallel workers (also done at exit); ``check_workers`` first
+        raises ``WorkerDiedError`` if one has died (the clearer error of a failed start)."""
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            try:
+                if check_workers:
+                    workers.check_alive(grace_s=2.0)
+            finally:
+                workers.stop()
+
     def _load_tokenizer(self) -> Tokenizer | None:
         path = self.config.tokenizer or self.source.tokenizer_path
         if path is None:
@@ -176,6 +188,8 @@ class Engine:
             if isinstance(ahead, Deferred):  # its tokens are known now: sample
                 sampled = None if ahead.forwarded is None else self.runner.sample(ahead.forwarded)
                 self._inflight = Inflight(ahead.scheduled, sampled)
+        except WorkerDiedError:  # no step can run any more
+            raise
         except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
             self._inflight = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -12,7 +13,9 @@ from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
 from infer.cache.protocol import CachePoolProtocol
 from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig, ModelConfig
+from infer.distributed.group import SINGLE, ParallelGroup
 from infer.models import DecoderModel
+from infer.models.common import kv_heads_per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -22,14 +25,21 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 class KVCacheBuilder:
     """Builds the pool the config asks for: contiguous slots, or as many paged blocks as
-    ``num_gpu_blocks`` says or free memory allows (after a profiled worst-case step)."""
+    ``num_gpu_blocks`` says or free memory allows (after a profiled worst-case step).
+
+    Under tensor parallelism it builds this rank's share (its KV heads), with the number of
+    blocks that fits on every rank, so the one scheduler's block tables are valid on all.
+    """
 
     def __init__(
         self, config: EngineConfig, model_config: ModelConfig, model: DecoderModel,
         device: torch.device, dtype: torch.dtype, max_seq_len: int,
+        group: ParallelGroup = SINGLE,
     ) -> None:  # fmt: skip
         self.config = config
-        self.model_config = model_config
+        heads = kv_heads_per_rank(model_config.num_kv_heads, group.world_size)
+        self.model_config = dataclasses.replace(model_config, num_kv_heads=heads)
+        self.group = group
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -50,6 +60,7 @@ class KVCacheBuilder:
                 device=self.device,
             )
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
+        num_blocks = self.group.min_int(num_blocks, self.device)
         k, v = allocate_kv_tensors(
             model_config, num_blocks, config.block_size, self.dtype, self.device
         )

@@ -17,6 +17,8 @@ import torch
 from tqdm import tqdm
 
 from infer.config import ModelConfig
+from infer.distributed.group import SINGLE, ParallelGroup
+from infer.distributed.parallel_layers import CheckpointTensor
 from infer.loader.dummy import fill_dummy_weights
 from infer.loader.gguf import GGUFFile
 from infer.loader.presets import DEFAULT_MODEL, embedded_model_path, preset_config, preset_names
@@ -84,11 +86,16 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_positions: int,
+    group: ParallelGroup = SINGLE,
 ) -> DecoderModel:
-    """An uninitialised model with its storage on ``device`` (weights must be loaded next)."""
+    """An uninitialised model (``group``'s rank's share of it) with its storage on
+    ``device``; weights must be loaded next."""
     with torch.device("meta"), _default_dtype(dtype):
-        model = model_class(config)(config)
+        model = model_class(config)(config, group)
     model.to_empty(device=device)
     model.tie_weights()
     model.init_buffers(max_positions)
@@ -97,7 +104,7 @@ def build_model(
 
 @torch.no_grad()
 def load_checkpoint(
-    model: DecoderModel, tensors: Iterator[tuple[str, torch.Tensor]], total: int, label: str
+    model: DecoderModel, tensors: Iterator[tuple[str, CheckpointTensor]], total: int, label: str
 ) -> None:
     """Copy every checkpoint tensor into ``model``; all expected tensors must appear."""
     expected = model.expected_weights()
@@ -127,8 +134,12 @@ def load_model(
     max_positions: int,
     load_format: str = "auto",
     seed: int = 0,
+    group: ParallelGroup = SINGLE,
 ) -> tuple[DecoderModel, ModelConfig]:
-    """Build ``source``'s model on ``device`` and fill its weights."""
+    """Build ``source``'s model (``group``'s rank's share) on ``device`` and fill its
+    weights. A GGUF tensor is dequantised whole, then sliced; a safetensors rank reads only
+    its slices; dummy weights are drawn whole from the seed, then sliced, so every
+    ``tensor_parallel_size`` computes the same model."""
     config = ModelConfig.from_hf_dict(source.hf_config)
     if source.kind == "preset" and load_format != "dummy":
         raise ValueError(
@@ -139,7 +150,7 @@ def load_model(
         raise ValueError(
             f"load_format: {load_format!r} does not match {source.name} (a {source.kind} model)"
         )
-    model = build_model(config, device, dtype, max_positions)
+    model = build_model(config, device, dtype, max_positions, group)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif source.kind == "gguf":

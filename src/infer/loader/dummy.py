@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import torch
 
+from infer.distributed.parallel_layers import ShardedModule
 from infer.models.common import DecoderModel, RMSNorm
 
 
 @torch.no_grad()
 def fill_dummy_weights(model: DecoderModel, seed: int = 0, std: float = 0.02) -> None:
-    """Normal(0, std) for matrices, identity scale for norms; deterministic for a seed."""
+    """Normal(0, std) for matrices, identity scale for norms; deterministic for a seed.
+
+    Each parameter is drawn at its whole (unsplit) shape and the rank keeps its part, so the
+    weights are the same for every ``tensor_parallel_size``.
+    """
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    norms = {id(m.weight) for m in model.modules() if isinstance(m, RMSNorm)}
-    offsets = {id(m.weight): m.offset for m in model.modules() if isinstance(m, RMSNorm)}
-    for param in model.parameters():
-        if id(param) in norms:
-            param.fill_(1.0 - offsets[id(param)])
-        else:
-            param.normal_(0.0, std, generator=generator)
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:  # a tied LM head
+                continue
+            seen.add(id(param))
+            if isinstance(module, RMSNorm):
+                param.fill_(1.0 - module.offset)
+            elif isinstance(module, ShardedModule):
+                full = torch.empty(module.full_shape(name), dtype=param.dtype, device=device)
+                module.load(name, full.normal_(0.0, std, generator=generator), name, None)
+            else:
+                param.normal_(0.0, std, generator=generator)

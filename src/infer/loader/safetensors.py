@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import safe_open
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
@@ -57,11 +56,13 @@ class SafetensorsCheckpoint:
                 total += len(list(f.keys()))
         return total
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self) -> Iterator[tuple[str, Any]]:
+        """Lazy slices (``get_shape``, ``[...]``): each tensor-parallel rank reads only its
+        rows or columns of the file."""
         for path in self.shard_files():
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield _strip_wrapper(name), f.get_tensor(name)
+                    yield _strip_wrapper(name), f.get_slice(name)
 
 
 def _ids(value: int | list[int] | None) -> list[int]:

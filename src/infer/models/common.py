@@ -17,6 +17,17 @@ from torch import Tensor, nn
 
 from infer.attention import AttentionMetadata, attend
 from infer.config import ModelConfig, RopeConfig
+from infer.distributed.group import SINGLE, ParallelGroup
+from infer.distributed.parallel_layers import (
+    CheckpointTensor,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    ShardedModule,
+    Split,
+    VocabParallelEmbedding,
+    copy_checked,
+)
 from infer.kernels import apply_rope, fused_add_rms_norm, rms_norm
 
 
@@ -37,34 +48,6 @@ class RMSNorm(nn.Module):
 
     def norm(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps, self.offset)
-
-
-class MergedLinear(nn.Linear):
-    """One linear layer holding several checkpoint projections stacked along the output."""
-
-    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shards.values()), bias=bias)
-        self.shard_offsets: dict[str, tuple[int, int]] = {}
-        start = 0
-        for name, size in shards.items():
-            self.shard_offsets[name] = (start, size)
-            start += size
-
-    def load_shard(self, shard: str, param: str, tensor: Tensor, name: str) -> None:
-        """Copy checkpoint tensor ``name`` (the ``param`` of ``shard``) into its rows."""
-        start, size = self.shard_offsets[shard]
-        target = self.weight if param == "weight" else self.bias
-        assert target is not None
-        _copy_checked(target.data[start : start + size], tensor, name)
-
-
-def _copy_checked(target: Tensor, tensor: Tensor, name: str) -> None:
-    if tuple(target.shape) != tuple(tensor.shape):
-        raise ValueError(
-            f"tensor {name}: checkpoint shape {tuple(tensor.shape)} "
-            f"does not match the model's {tuple(target.shape)}"
-        )
-    target.copy_(tensor)
 
 
 def rope_cos_sin_cache(head_dim: int, max_positions: int, rope: RopeConfig) -> Tensor:
@@ -94,19 +77,37 @@ def _llama3_scaled(inv_freq: Tensor, rope: RopeConfig) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Self-attention over the paged cache; optional per-head q/k RMSNorm (Qwen3, Gemma 3)."""
+    """Self-attention over the paged cache; optional per-head q/k RMSNorm (Qwen3, Gemma 3).
 
-    def __init__(self, config: ModelConfig, layer_idx: int, qk_norm: bool, norm_offset: float):
+    Under tensor parallelism each rank holds ``num_heads / world`` query heads and their
+    KV heads (``kv_heads_per_rank``) and attends over its own share of the pool.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_idx: int,
+        qk_norm: bool,
+        norm_offset: float,
+        group: ParallelGroup = SINGLE,
+    ):
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        world = group.world_size
+        self.num_heads = config.num_heads // world
+        self.num_kv_heads = kv_heads_per_rank(config.num_kv_heads, world)
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
+        q_split = Split(config.num_heads * self.head_dim, world)
+        kv_split = Split(config.num_kv_heads * self.head_dim, min(config.num_kv_heads, world))
+        self.qkv_proj = ColumnParallelLinear(
             config.hidden_size,
-            {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
-            bias=config.attention_bias,
+            {"q_proj": q_split, "k_proj": kv_split, "v_proj": kv_split},
+            config.attention_bias,
+            group,
         )
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
+        self.o_proj = RowParallelLinear(
+            q_split.size, config.hidden_size, config.attention_bias, group
+        )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
         self.scale = (config.query_pre_attn_scalar or self.head_dim) ** -0.5
@@ -144,12 +145,19 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one projection."""
 
-    def __init__(self, hidden: int, intermediate: int, act: Callable[[Tensor], Tensor]):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        act: Callable[[Tensor], Tensor],
+        group: ParallelGroup = SINGLE,
+    ):
         super().__init__()
-        self.gate_up_proj = MergedLinear(
-            hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias=False
+        split = Split(intermediate, group.world_size)
+        self.gate_up_proj = ColumnParallelLinear(
+            hidden, {"gate_proj": split, "up_proj": split}, False, group
         )
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, group)
         self.act = act
 
     def forward(self, x: Tensor) -> Tensor:
@@ -159,7 +167,9 @@ class GatedMLP(nn.Module):
 class DecoderStack(nn.Module):
     """The checkpoint's ``model.*`` part: embeddings, decoder layers, final norm."""
 
-    def __init__(self, embed_tokens: nn.Embedding, layers: list[nn.Module], norm: RMSNorm):
+    def __init__(
+        self, embed_tokens: VocabParallelEmbedding, layers: list[nn.Module], norm: RMSNorm
+    ) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
         self.layers = nn.ModuleList(layers)
@@ -182,15 +192,16 @@ class DecoderModel(nn.Module):
     rope_global: Tensor
     rope_local: Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, group: ParallelGroup = SINGLE) -> None:
         super().__init__()
         self.config = config
+        self.group = group
         self.model = DecoderStack(
-            nn.Embedding(config.vocab_size, config.hidden_size),
-            [self.make_layer(config, i) for i in range(config.num_layers)],
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, group),
+            [self.make_layer(config, i, group) for i in range(config.num_layers)],
             RMSNorm(config.hidden_size, config.rms_norm_eps, self.norm_offset),
         )
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, group)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -210,7 +221,7 @@ class DecoderModel(nn.Module):
         local = config.local_rope or config.rope
         self.rope_local = rope_cos_sin_cache(config.head_dim, max_positions, local).to(device)
 
-    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
+    def make_layer(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> nn.Module:
         raise NotImplementedError
 
     def embed(self, input_ids: Tensor) -> Tensor:
@@ -227,6 +238,7 @@ class DecoderModel(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
+        """Logits ``[T, vocab]`` in float32 (on every rank: the LM head gathers them)."""
         return self.lm_head(hidden).float()
 
     def bind_kv_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
@@ -243,20 +255,24 @@ class DecoderModel(nn.Module):
         "up_proj": "gate_up_proj",
     }
 
-    def load_weight(self, name: str, tensor: Tensor) -> bool:
-        """Copy one checkpoint tensor (HF name) into the model; False if the name is unknown."""
+    def load_weight(self, name: str, tensor: CheckpointTensor) -> bool:
+        """Copy (this rank's part of) one checkpoint tensor (HF name) into the model; False
+        if the name is unknown."""
         parts = name.split(".")
-        if len(parts) >= 3 and parts[-2] in self._fused:
-            shard = parts[-2]
-            module = self.get_submodule(".".join([*parts[:-2], self._fused[shard]]))
-            assert isinstance(module, MergedLinear)
-            module.load_shard(shard, parts[-1], tensor, name)
-            return True
+        shard = parts[-2] if len(parts) >= 3 and parts[-2] in self._fused else None
+        path = [*parts[:-2], self._fused[shard]] if shard else parts[:-1]
         try:
-            target = self.get_parameter(name)
+            module = self.get_submodule(".".join(path))
         except AttributeError:
             return False
-        _copy_checked(target.data, tensor, name)
+        param = parts[-1]
+        if isinstance(module, ShardedModule):
+            module.load(param, tensor, name, shard)
+            return True
+        target = getattr(module, param, None)
+        if not isinstance(target, nn.Parameter):
+            return False
+        copy_checked(target.data, tensor, name, tuple(target.shape))
         return True
 
     def expected_weights(self) -> set[str]:
@@ -265,11 +281,32 @@ class DecoderModel(nn.Module):
         for param_name, _ in self.named_parameters():
             parts = param_name.split(".")
             module = self.get_submodule(".".join(parts[:-1]))
-            if isinstance(module, MergedLinear):
+            if isinstance(module, ColumnParallelLinear):
                 prefix = ".".join(parts[:-2])
-                names.update(f"{prefix}.{shard}.{parts[-1]}" for shard in module.shard_offsets)
+                names.update(f"{prefix}.{shard}.{parts[-1]}" for shard in module.shards)
             else:
                 names.add(param_name)
         if self.config.tie_word_embeddings:
             names.discard("lm_head.weight")
         return names
+
+
+def kv_heads_per_rank(num_kv_heads: int, world: int) -> int:
+    """KV heads each rank holds: split when they divide over the ranks, else one replicated
+    head per rank (the ranks must then divide over the heads)."""
+    return max(1, num_kv_heads // world)
+
+
+def check_tensor_parallel(config: ModelConfig, world: int) -> None:
+    """``ValueError`` naming the flag when ``config`` cannot be split over ``world`` ranks."""
+    kv = config.num_kv_heads
+    problems = [
+        f"{config.num_heads} attention heads" if config.num_heads % world else "",
+        f"{config.intermediate_size} MLP features" if config.intermediate_size % world else "",
+        f"{kv} KV heads" if kv % world and world % kv else "",
+    ]
+    problem = next((p for p in problems if p), None)
+    if problem is not None:
+        raise ValueError(
+            f"tensor_parallel_size: {world} ranks cannot split the model's {problem} evenly"
+        )

@@ -9,16 +9,17 @@ from torch import Tensor, nn
 
 from infer.attention import AttentionMetadata
 from infer.config import ModelConfig
+from infer.distributed.group import ParallelGroup
 from infer.kernels import gelu_tanh_and_mul
 from infer.models.common import Attention, DecoderModel, GatedMLP, RMSNorm
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = Attention(config, layer_idx, qk_norm=True, norm_offset=1.0)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh_and_mul)
+        self.self_attn = Attention(config, layer_idx, True, 1.0, group)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
@@ -41,8 +42,8 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(DecoderModel):
     norm_offset = 1.0
 
-    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
-        return Gemma3DecoderLayer(config, layer_idx)
+    def make_layer(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> nn.Module:
+        return Gemma3DecoderLayer(config, layer_idx, group)
 
     embed_scale: Tensor
 

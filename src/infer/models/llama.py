@@ -6,15 +6,18 @@ from torch import Tensor, nn
 
 from infer.attention import AttentionMetadata
 from infer.config import ModelConfig
+from infer.distributed.group import ParallelGroup
 from infer.kernels import silu_and_mul
 from infer.models.common import Attention, DecoderModel, GatedMLP, RMSNorm
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int, qk_norm: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_idx: int, group: ParallelGroup, qk_norm: bool = False
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_idx, qk_norm=qk_norm, norm_offset=0.0)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, silu_and_mul)
+        self.self_attn = Attention(config, layer_idx, qk_norm, 0.0, group)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, silu_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -34,5 +37,5 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(DecoderModel):
-    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
-        return LlamaDecoderLayer(config, layer_idx)
+    def make_layer(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> nn.Module:
+        return LlamaDecoderLayer(config, layer_idx, group)

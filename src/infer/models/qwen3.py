@@ -5,10 +5,11 @@ from __future__ import annotations
 from torch import nn
 
 from infer.config import ModelConfig
+from infer.distributed.group import ParallelGroup
 from infer.models.common import DecoderModel
 from infer.models.llama import LlamaDecoderLayer
 
 
 class Qwen3ForCausalLM(DecoderModel):
-    def make_layer(self, config: ModelConfig, layer_idx: int) -> nn.Module:
-        return LlamaDecoderLayer(config, layer_idx, qk_norm=True)
+    def make_layer(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> nn.Module:
+        return LlamaDecoderLayer(config, layer_idx, group, qk_norm=True)

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from infer.config import ModelConfig
 from infer.models import DecoderModel
-from infer.models.common import MergedLinear
+from infer.models.common import ColumnParallelLinear
 
 # Byte offsets of the fp16 super-block scales (d, dmin) inside one K-quant block.
 _KQUANT_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
@@ -32,7 +32,7 @@ def hf_view(model: DecoderModel, name: str) -> torch.Tensor:
     if fused is None:
         return model.get_parameter(name).data
     module = model.get_submodule(".".join([*parts[:-2], fused]))
-    assert isinstance(module, MergedLinear)
+    assert isinstance(module, ColumnParallelLinear)
     start, size = module.shard_offsets[parts[-2]]
     return module.get_parameter(parts[-1]).data[start : start + size]
 

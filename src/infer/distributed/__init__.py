@@ -1,0 +1,1 @@
+"""Tensor parallelism: the ranks' process group, column/row-parallel layers, rank workers."""

@@ -1,0 +1,59 @@
+"""What every rank builds before the first step: its share of the model, its share of the
+KV pool, and the runner (with CUDA graphs when they apply).
+
+Rank 0 (the engine) and the tensor-parallel workers call the same function, so the
+collectives of the steps it runs (the pool's sizing, the profile and warm-up forwards, the
+graph captures) happen in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infer.cache.protocol import CachePoolProtocol
+from infer.config import EngineConfig, ModelConfig
+from infer.distributed.group import ParallelGroup
+from infer.engine.cuda_graphs import CUDAGraphRunner
+from infer.engine.memory import KVCacheBuilder
+from infer.engine.runner import ModelRunner
+from infer.engine.warmup import warm_up_kernels
+from infer.kernels.dispatch import triton_enabled
+from infer.loader import ModelSource, load_model
+from infer.models import DecoderModel
+
+
+@dataclass
+class RankState:
+    model: DecoderModel
+    pool: CachePoolProtocol
+    runner: ModelRunner
+
+
+def build_rank(
+    config: EngineConfig,
+    source: ModelSource,
+    model_config: ModelConfig,
+    max_seq_len: int,
+    device: torch.device,
+    group: ParallelGroup,
+) -> RankState:
+    """Load this rank's model and pool, warm up and capture graphs on a GPU."""
+    dtype = config.torch_dtype
+    model, _ = load_model(
+        source, device, dtype, max_seq_len, config.load_format, config.seed, group
+    )
+    pool = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group).build()
+    graphs = None
+    # Graphs capture the Triton kernels; the torch attention path is the eager reference.
+    if config.cuda_graphs_enabled and triton_enabled(device):
+        graphs = CUDAGraphRunner(
+            model, config.block_size, config.max_batch_size, max_seq_len, device
+        )
+    runner = ModelRunner(model, pool, device, max_seq_len, graphs, group)
+    if device.type == "cuda":
+        warm_up_kernels(model, pool, device, max_seq_len)
+    if graphs is not None:
+        graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
+    return RankState(model, pool, runner)
