@@ -231,6 +231,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
+    max_graph_tokens: int = 2048
     use_async_scheduling: bool = True
     tensor_parallel_size: int = 1
     dtype: str | None = None
@@ -330,6 +331,11 @@ class EngineConfig:
             self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
             "max_prefill_chunks_per_step",
             f"must be >= 1 or None, got {self.max_prefill_chunks_per_step}",
+        )
+        _check(
+            self.max_graph_tokens >= 0,
+            "max_graph_tokens",
+            f"must be >= 0, got {self.max_graph_tokens}",
         )
         _check(
             self.dtype is None or self.dtype in _DTYPES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
-from infer.attention.torch_backend import paged_attention_torch
+from infer.attention.torch_backend import paged_attention_torch, write_kv_planned
 from infer.kernels.dispatch import use_triton
 from infer.kernels.kv_write import write_kv
 
@@ -24,9 +24,10 @@ def attend(
     sliding_window: int = 0,
 ) -> Tensor:
     """Write this step's K/V into the cache, then attend: ``q [T, H, D]`` → ``[T, H, D]``."""
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if use_triton(q):
         from infer.attention.triton_backend import paged_attention_triton
 
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, sliding_window)
+    write_kv_planned(k, v, k_cache, v_cache, meta)
     return paged_attention_torch(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -44,12 +44,12 @@ class ScheduledSequence:
 class HostBatch:
     """A step's inputs as host arrays, before their single copy to the device."""
 
-    input_ids: np.ndarray  # [T]
+    input_ids: np.ndarray  # [T], padding tokens included
     positions: np.ndarray  # [T]
     slot_mapping: np.ndarray  # [T]
-    block_tables: np.ndarray  # [B, W]
-    seq_lens: np.ndarray  # [B]
-    query_start_loc: np.ndarray  # [B + 1]
+    block_tables: np.ndarray  # [B, W], the real rows only
+    seq_lens: np.ndarray  # [R], padding rows included
+    query_start_loc: np.ndarray  # [R + 1]
 
 
 def host_batch(
@@ -57,29 +57,35 @@ def host_batch(
     block_size: int,
     num_rows: int | None = None,
     table_width: int | None = None,
+    num_tokens: int | None = None,
 ) -> HostBatch:
     """Flatten scheduled sequences with numpy (no per-token Python work).
 
-    ``num_rows``/``table_width`` pad to fixed shapes (CUDA graphs): padding rows are one
-    token that is written nowhere (slot -1) and attends to one position of block 0.
+    ``num_rows``, ``num_tokens`` and ``table_width`` pad to a CUDA graph's fixed shapes:
+    padding rows hold no tokens (their attention programs exit at once) and padding tokens
+    belong to no row, sit at position 0 and are written nowhere (slot -1). ``block_tables``
+    has the real rows only: a row without tokens never reads its table.
     """
-    rows = num_rows or len(seqs)
-    query_lens = np.ones(rows, dtype=np.int64)
-    query_lens[: len(seqs)] = [len(s.token_ids) for s in seqs]
+    count = len(seqs)
+    rows = num_rows or count
+    query_lens = np.zeros(rows, dtype=np.int64)
+    query_lens[:count] = [len(s.token_ids) for s in seqs]
     computed = np.zeros(rows, dtype=np.int64)
-    computed[: len(seqs)] = [s.num_computed for s in seqs]
+    computed[:count] = [s.num_computed for s in seqs]
     starts = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(query_lens, out=starts[1:])
-    total = int(starts[-1])
+    real = int(starts[-1])
+    total = num_tokens or real
     width = table_width or max(1, max((len(s.block_table) for s in seqs), default=1))
-    tables = np.zeros((rows, width), dtype=np.int64)
+    tables = np.zeros((count, width), dtype=np.int64)
     for row, s in enumerate(seqs):
         tables[row, : len(s.block_table)] = s.block_table
-    owner = np.repeat(np.arange(rows), query_lens)
-    positions = np.arange(total, dtype=np.int64) - starts[:-1][owner] + computed[owner]
-    slots = tables[owner, positions // block_size] * block_size + positions % block_size
-    real = int(starts[len(seqs)])
-    slots[real:] = -1
+    owner = np.repeat(np.arange(count), query_lens[:count])
+    positions = np.zeros(total, dtype=np.int64)
+    positions[:real] = np.arange(real) - starts[owner] + computed[owner]
+    slots = np.full(total, -1, dtype=np.int64)
+    own = positions[:real]
+    slots[:real] = tables[owner, own // block_size] * block_size + own % block_size
     input_ids = np.zeros(total, dtype=np.int64)
     input_ids[:real] = [t for s in seqs for t in s.token_ids]
     return HostBatch(input_ids, positions, slots, tables, computed + query_lens, starts)

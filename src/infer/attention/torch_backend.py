@@ -1,9 +1,11 @@
 """Reference paged attention: gather each sequence's blocks, then one masked SDPA call.
 
 Runs anywhere (it is the CPU path and the GPU fallback) and is what the Triton kernels are
-tested against. The gather plan is built once per step and shared by all layers; blocks are
-gathered whole (``index_select`` over the block dimension), which is far cheaper than
-indexing token by token.
+tested against. The gather plan is built once per step and shared by all layers (so is its
+one host synchronisation, finding the rows that exist); blocks are gathered whole
+(``index_select`` over the block dimension), which is far cheaper than indexing token by
+token. Like the Triton kernels it serves padded steps: rows without tokens, and tokens that
+belong to no row (their output is zero).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from infer.attention.metadata import AttentionMetadata
+from infer.kernels.kv_write import write_kv_torch
 
 
 @dataclass
 class _GatherPlan:
     query_index: Tensor  # [B, Q] flat token row of each padded query slot
     query_valid: Tensor  # [B, Q]
+    valid_slots: Tensor  # [n] flat indices of the valid query slots (n tokens in rows)
+    written_rows: Tensor  # token rows whose K/V is written (slot >= 0)
     query_pos: Tensor  # [B, Q] absolute position of each padded query slot
     blocks: Tensor  # [B * W] physical blocks to gather, W = blocks of the longest sequence
     kv_valid: Tensor  # [B, L]
@@ -37,11 +42,13 @@ def _plan(meta: AttentionMetadata, block_size: int) -> _GatherPlan:
     seq_lens = meta.seq_lens.long()
     q_slot = torch.arange(max(meta.max_query_len, 1), device=device)
     query_valid = q_slot[None, :] < query_lens[:, None]
-    width = max(1, math.ceil(meta.max_seq_len / block_size))
+    width = max(1, min(math.ceil(meta.max_seq_len / block_size), meta.block_tables.shape[1]))
     kv_pos = torch.arange(width * block_size, device=device)
     plan = _GatherPlan(
         query_index=torch.where(query_valid, starts[:-1, None] + q_slot[None, :], 0),
         query_valid=query_valid,
+        valid_slots=query_valid.flatten().nonzero().squeeze(1),
+        written_rows=(meta.slot_mapping >= 0).nonzero().squeeze(1),
         query_pos=(seq_lens - query_lens)[:, None] + q_slot[None, :],
         blocks=meta.block_tables[:, :width].reshape(-1).long(),
         kv_valid=kv_pos[None, :] < seq_lens[:, None],
@@ -76,6 +83,14 @@ def _gather(cache: Tensor, plan: _GatherPlan) -> Tensor:
     return blocks.reshape(rows, heads, -1, dim)
 
 
+def write_kv_planned(
+    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata
+) -> None:
+    """``write_kv_torch`` with the written rows found once per step, not once per layer."""
+    rows = _plan(meta, k_cache.shape[2]).written_rows
+    write_kv_torch(k, v, k_cache, v_cache, meta.slot_mapping, rows)
+
+
 def paged_attention_torch(
     q: Tensor,
     k_cache: Tensor,
@@ -96,4 +111,6 @@ def paged_attention_torch(
     out = F.scaled_dot_product_attention(
         q_pad, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
-    return out.transpose(1, 2)[plan.query_valid]  # [T, H, D]
+    heads, dim = out.shape[1], out.shape[3]
+    rows = out.transpose(1, 2).reshape(-1, heads, dim).index_select(0, plan.valid_slots)
+    return F.pad(rows, (0, 0, 0, 0, 0, q.shape[0] - rows.shape[0]))  # [T, H, D]

@@ -1,15 +1,24 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Steps replayed from CUDA graphs: decode steps by batch size, every other step by token count.
 
-A decode step launches the same kernels every time with only the data changing, so its
-launches are captured once per bucket and replayed with one call. Inputs live in static
-buffers; a batch is padded to its bucket with rows that write nowhere (slot -1) and read one
-position. The attention kernels loop to each row's actual ``seq_len`` read on the device,
-so a graph captured once serves any context length up to ``max_seq_len``.
+A step launches the same kernels every time with only the data changing, so its launches are
+captured once per shape bucket and replayed with one call, without the per-layer Python and
+launch cost of an eager forward. Inputs live in static buffers. A step is padded to its
+bucket with rows that hold no tokens (their attention programs exit at once) and tokens that
+belong to no row and are written nowhere (slot -1). The attention kernels read every length
+on the device and size their grids from the bucket, so one graph serves any mix of prompt
+chunks, cached prefixes and decode rows at any context length up to ``max_seq_len``.
+
+* Decode graphs (every row one token; batch sizes 1, 2, 4, 8, then multiples of 16) end at
+  the logits of all rows: every row samples.
+* Mixed graphs (token counts 16, 32, 64, 128, then multiples of 128 up to
+  ``max_graph_tokens``; rows up to ``min(tokens, max_batch_size)``) end at the final hidden
+  states: how many rows sample varies, so the runner picks and projects them outside.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,19 +29,33 @@ from infer.attention.metadata import host_batch
 from infer.models import DecoderModel
 
 
-def graph_buckets(max_batch_size: int) -> list[int]:
+@dataclass(frozen=True)
+class Bucket:
+    """One captured shape: ``tokens`` token rows over ``rows`` sequence rows."""
+
+    tokens: int
+    rows: int
+    decode: bool
+
+
+def decode_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16: little padding, a bounded number of graphs."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch_size]
     sizes += list(range(16, max_batch_size, 16))
     return [*sizes, max_batch_size]
 
 
-def padded_batch_size(batch_size: int, buckets: list[int]) -> int | None:
-    """The smallest bucket that holds ``batch_size`` rows; None if it exceeds them all."""
-    for bucket in buckets:
-        if bucket >= batch_size:
-            return bucket
-    return None
+def mixed_sizes(max_tokens: int) -> list[int]:
+    """16, 32, 64, 128, then every multiple of 128: a 512-token chunk beside up to 256
+    decode rows pads by at most 127 tokens."""
+    sizes = [t for t in (16, 32, 64) if t < max_tokens]
+    sizes += list(range(128, max_tokens, 128))
+    return [*sizes, max_tokens]
+
+
+def smallest_fitting(sizes: list[int], wanted: int) -> int | None:
+    """The smallest size that holds ``wanted``; None if it exceeds them all."""
+    return next((size for size in sizes if size >= wanted), None)
 
 
 class CUDAGraphRunner:
@@ -42,84 +65,123 @@ class CUDAGraphRunner:
         block_size: int,
         max_batch_size: int,
         max_seq_len: int,
+        max_graph_tokens: int,
         device: torch.device,
     ) -> None:
         self.model = model
         self.block_size = block_size
+        self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.buckets = graph_buckets(max_batch_size)
+        self.decode_sizes = decode_sizes(max_batch_size)
+        self.mixed_sizes = mixed_sizes(max_graph_tokens) if max_graph_tokens > 1 else []
         self.table_width = math.ceil(max_seq_len / block_size)
-        rows = self.buckets[-1]
-        self._staging = torch.zeros(rows * (4 + self.table_width), dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        tokens = max(max_batch_size, max_graph_tokens)
+        rows = max_batch_size
+        self._staging = torch.zeros(
+            3 * tokens + 2 * rows + 1 + rows * self.table_width, dtype=torch.int64, device=device
+        )
+        self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((tokens,), -1, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros(rows, self.table_width, dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(rows + 1, dtype=torch.int32, device=device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.memory_bytes = 0
 
-    def _metadata(self, rows: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            positions=self.positions[:rows],
-            slot_mapping=self.slot_mapping[:rows],
-            block_tables=self.block_tables[:rows],
-            seq_lens=self.seq_lens[:rows],
-            query_start_loc=self.query_start_loc[: rows + 1],
-            max_query_len=1,
-            max_seq_len=self.max_seq_len,
-        )
+    @property
+    def buckets(self) -> list[Bucket]:
+        decode = [Bucket(size, size, True) for size in self.decode_sizes]
+        mixed = [Bucket(t, min(t, self.max_batch_size), False) for t in self.mixed_sizes]
+        return decode + mixed
 
-    def _forward(self, rows: int) -> Tensor:
-        hidden = self.model(self.input_ids[:rows], self.positions[:rows], self._metadata(rows))
-        return self.model.compute_logits(hidden)
+    def bucket_for(self, sequences: list[ScheduledSequence]) -> Bucket | None:
+        """The bucket a step runs in; None when it is larger than every captured one."""
+        if all(len(s.token_ids) == 1 for s in sequences):
+            size = smallest_fitting(self.decode_sizes, len(sequences))
+            return None if size is None else Bucket(size, size, True)
+        tokens = smallest_fitting(self.mixed_sizes, sum(len(s.token_ids) for s in sequences))
+        if tokens is None or len(sequences) > min(tokens, self.max_batch_size):
+            return None
+        return Bucket(tokens, min(tokens, self.max_batch_size), False)
 
-    @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every bucket, largest first, sharing one memory pool."""
-        before = torch.cuda.memory_allocated()
-        pool = torch.cuda.graph_pool_handle()
-        for rows in reversed(self.buckets):
-            for _ in range(2):  # compile and autotune kernels outside the capture
-                self._forward(rows)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(rows)
-            self._graphs[rows] = (graph, logits)
-        torch.cuda.synchronize()
-        self.memory_bytes = torch.cuda.memory_allocated() - before
-
-    def run(
-        self, sequences: list[ScheduledSequence], input_ids: Tensor | None = None
-    ) -> Tensor | None:
-        """Logits ``[B, V]`` of a decode-only step, or None when no bucket fits.
+    def load(
+        self, bucket: Bucket, sequences: list[ScheduledSequence], input_ids: Tensor | None = None
+    ) -> None:
+        """Copy a step's inputs into the static buffers (one host-to-device transfer).
 
         ``input_ids`` (on the device) overrides the sequences' tokens (see ``ModelRunner``).
         """
-        rows = padded_batch_size(len(sequences), self.buckets)
-        if rows is None or rows not in self._graphs:
-            return None
-        host = host_batch(sequences, self.block_size, rows, self.table_width)
+        tokens, rows, count = bucket.tokens, bucket.rows, len(sequences)
+        host = host_batch(sequences, self.block_size, rows, self.table_width, tokens)
         packed = np.concatenate(
             [
                 host.input_ids,
                 host.positions,
                 host.slot_mapping,
                 host.seq_lens,
+                host.query_start_loc,
                 host.block_tables.ravel(),
             ]
         )
         staged = self._staging[: packed.size]
         staged.copy_(torch.from_numpy(packed), non_blocking=True)
-        self.input_ids[:rows].copy_(staged[:rows])
+        ends = np.cumsum([tokens, tokens, tokens, rows, rows + 1])
+        self.input_ids[:tokens].copy_(staged[: ends[0]])
         if input_ids is not None:
-            self.input_ids[: len(sequences)].copy_(input_ids)
-        self.positions[:rows].copy_(staged[rows : 2 * rows])
-        self.slot_mapping[:rows].copy_(staged[2 * rows : 3 * rows])
-        self.seq_lens[:rows].copy_(staged[3 * rows : 4 * rows])
-        self.block_tables[:rows].copy_(staged[4 * rows :].view(rows, -1))
-        graph, logits = self._graphs[rows]
+            self.input_ids[: input_ids.shape[0]].copy_(input_ids)
+        self.positions[:tokens].copy_(staged[ends[0] : ends[1]])
+        self.slot_mapping[:tokens].copy_(staged[ends[1] : ends[2]])
+        self.seq_lens[:rows].copy_(staged[ends[2] : ends[3]])
+        self.query_start_loc[: rows + 1].copy_(staged[ends[3] : ends[4]])
+        self.block_tables[:count].copy_(staged[ends[4] :].view(count, -1))
+
+    def forward(self, bucket: Bucket) -> Tensor:
+        """The step a bucket's graph captures, run on the static buffers: logits ``[rows,
+        vocab]`` of a decode bucket, hidden states ``[tokens, hidden]`` of a mixed one."""
+        tokens, rows = bucket.tokens, bucket.rows
+        meta = AttentionMetadata(
+            positions=self.positions[:tokens],
+            slot_mapping=self.slot_mapping[:tokens],
+            block_tables=self.block_tables[:rows],
+            seq_lens=self.seq_lens[:rows],
+            query_start_loc=self.query_start_loc[: rows + 1],
+            max_query_len=1 if bucket.decode else tokens,
+            max_seq_len=self.max_seq_len,
+        )
+        hidden = self.model(self.input_ids[:tokens], meta.positions, meta)
+        return self.model.compute_logits(hidden) if bucket.decode else hidden
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first, sharing one memory pool. The static buffers
+        hold rows without tokens meanwhile, so the warm-up runs write nothing."""
+        before = torch.cuda.memory_allocated()
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in sorted(self.buckets, key=lambda b: (b.decode, b.tokens), reverse=True):
+            for _ in range(2):  # compile and autotune kernels outside the capture
+                self.forward(bucket)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.forward(bucket)
+            self._graphs[bucket] = (graph, out)
+        torch.cuda.synchronize()
+        self.memory_bytes = torch.cuda.memory_allocated() - before
+
+    def run(
+        self, sequences: list[ScheduledSequence], input_ids: Tensor | None = None
+    ) -> Tensor | None:
+        """Replay the step's graph: logits ``[B, vocab]`` of a decode step, hidden states
+        ``[T, hidden]`` of any other; None when no captured bucket holds the step."""
+        bucket = self.bucket_for(sequences)
+        if bucket is None or bucket not in self._graphs:
+            return None
+        self.load(bucket, sequences, input_ids)
+        graph, out = self._graphs[bucket]
         graph.replay()
-        return logits[: len(sequences)]
+        return out[: len(sequences)] if bucket.decode else out[: _num_tokens(sequences)]
+
+
+def _num_tokens(sequences: list[ScheduledSequence]) -> int:
+    return sum(len(s.token_ids) for s in sequences)

@@ -48,8 +48,11 @@ def build_rank(
     graphs = None
     # Graphs capture the Triton kernels; the torch attention path is the eager reference.
     if config.cuda_graphs_enabled and triton_enabled(device):
+        graph_tokens = min(
+            config.max_graph_tokens, config.resolved_max_num_batched_tokens(max_seq_len)
+        )
         graphs = CUDAGraphRunner(
-            model, config.block_size, config.max_batch_size, max_seq_len, device
+            model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
         )
     runner = ModelRunner(model, pool, device, max_seq_len, graphs, group)
     if device.type == "cuda":

@@ -5,7 +5,7 @@ sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`
 from ``launch``, so the engine can queue the next step before waiting for this one.
 ``launch`` is ``forward`` then ``sample``: a step whose sampling needs the previous step's
 tokens on the host (grammar masks, penalties) has its forward pass queued ahead and its
-sampling queued later. Decode-only steps replay a captured CUDA graph when one is available.
+sampling queued later. A step replays a captured CUDA graph when one holds its shape.
 
 Under tensor parallelism rank 0's runner sends each step's ``StepInputs`` to the other
 ranks before its forward pass, and their runners run the same model pass (``run_model``):
@@ -161,19 +161,23 @@ class ModelRunner:
 
     def run_model(self, step: StepInputs, input_ids: Tensor | None) -> Tensor:
         """Logits of the step's sampling rows; ``input_ids`` (on the device) overrides the
-        sequences' tokens."""
+        sequences' tokens. A captured graph runs the step when one holds it."""
         sequences, samples = step.sequences, step.samples
-        if self.graphs is not None and all(len(s.token_ids) == 1 for s in sequences):
-            logits = self.graphs.run(sequences, input_ids)
-            if logits is not None:
-                return logits
-        host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
-        hidden = self.model(host_ids if input_ids is None else input_ids, meta.positions, meta)
-        if all(samples) and meta.max_query_len == 1:
-            return self.model.compute_logits(hidden)
-        last_rows = [end - 1 for end, keep in zip(_ends(sequences), samples) if keep]
-        index = torch.tensor(last_rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        return self.model.compute_logits(hidden[index])
+        decode = all(len(s.token_ids) == 1 for s in sequences)
+        out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
+        if out is None:
+            host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
+            out = self.model(host_ids if input_ids is None else input_ids, meta.positions, meta)
+            if decode:
+                out = self.model.compute_logits(out)
+        # A decode step's ``out`` holds every row's logits, any other step's every token's
+        # hidden state (a sequence samples from its last token).
+        if decode and all(samples):
+            return out
+        ends = _ends(sequences)
+        rows = [i if decode else ends[i] - 1 for i, keep in enumerate(samples) if keep]
+        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        return out[index] if decode else self.model.compute_logits(out[index])
 
 
 def _ends(sequences: list[ScheduledSequence]) -> list[int]:

@@ -47,8 +47,11 @@ def test_mixed_batch_of_chunks_and_decodes() -> None:
     assert meta.block_tables.tolist() == [[1, 2], [3, 0], [5, 6]]
 
 
-def test_padding_rows_write_nowhere() -> None:
-    host = host_batch([ScheduledSequence([2], 3, [5])], 16, num_rows=4, table_width=8)
-    assert host.slot_mapping.tolist() == [2 * 16 + 3, -1, -1, -1]
-    assert host.block_tables.shape == (4, 8)
-    assert host.seq_lens.tolist() == [4, 1, 1, 1]
+def test_padding_rows_hold_no_tokens_and_padding_tokens_write_nowhere() -> None:
+    host = host_batch([ScheduledSequence([2], 3, [5])], 16, num_rows=4, table_width=8, num_tokens=6)
+    assert host.query_start_loc.tolist() == [0, 1, 1, 1, 1]  # rows 1-3 are empty
+    assert host.seq_lens.tolist() == [4, 0, 0, 0]
+    assert host.slot_mapping.tolist() == [2 * 16 + 3, -1, -1, -1, -1, -1]
+    assert host.positions.tolist() == [3, 0, 0, 0, 0, 0]
+    assert host.input_ids.tolist() == [5, 0, 0, 0, 0, 0]
+    assert host.block_tables.shape == (1, 8)  # an empty row never reads a table

@@ -332,3 +332,42 @@ def test_rejects_unsupported_head_dim() -> None:
     q, k, v, meta = make_batch([(5, 1)], head_dim=24)
     with pytest.raises(ValueError, match="head_dim"):
         paged_attention_triton(q, k, v, meta, 0.2)
+
+
+def _padded_to_bucket(meta: AttentionMetadata, rows: int, tokens: int) -> AttentionMetadata:
+    """``meta`` as a CUDA graph's bucket holds it: rows without tokens, tokens in no row,
+    and the bucket's bounds for the host-side lengths."""
+    extra_rows = rows - meta.num_seqs
+    extra_tokens = tokens - meta.positions.shape[0]
+
+    def pad(x: torch.Tensor, count: int, value: int = 0) -> torch.Tensor:
+        return torch.cat([x, x.new_full((count, *x.shape[1:]), value)])
+
+    return AttentionMetadata(
+        block_tables=pad(meta.block_tables, extra_rows),
+        seq_lens=pad(meta.seq_lens, extra_rows),
+        query_start_loc=pad(meta.query_start_loc, extra_rows, int(meta.query_start_loc[-1])),
+        max_query_len=tokens,
+        max_seq_len=4 * meta.max_seq_len,
+        positions=pad(meta.positions, extra_tokens),
+        slot_mapping=pad(meta.slot_mapping, extra_tokens, -1),
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [0, 40])
+def test_a_step_padded_to_a_graph_bucket_changes_no_real_row(num_splits: int, window: int) -> None:
+    """Padding rows exit at once and padding tokens are no row's: the real rows match the
+    unpadded reference, and the reference gives the padding tokens zeros."""
+    q, k, v, meta = make_batch([(90, 1), (50, 50), (120, 24), (70, 1)], heads=(4, 2))
+    real = q.shape[0]
+    padded = _padded_to_bucket(meta, rows=8, tokens=real + 13)
+    q_padded = torch.cat([q, torch.randn(13, *q.shape[1:])])
+    out = paged_attention_triton(
+        q_padded, k, v, padded, 32**-0.5, window, prefill_tile=SMALL_PREFILL, num_splits=num_splits
+    )
+    expected = reference(q, k, v, meta, window)
+    assert_matches(out[:real], expected)
+    padded_reference = reference(q_padded, k, v, padded, window)
+    assert_matches(padded_reference[:real], expected)
+    assert padded_reference[real:].count_nonzero() == 0

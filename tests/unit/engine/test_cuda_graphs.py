@@ -1,0 +1,84 @@
+"""The CUDA graph buckets, and the padded step a graph captures, driven eagerly on the CPU:
+a step padded to its bucket (rows without tokens, tokens in no row, bound lengths) gives the
+real rows the same hidden states and logits as the step run as it is, for all three families
+(Gemma's windowed layers included). The GPU tests replay the captured graphs themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tests.conftest import FAMILIES
+
+from infer import LLM
+from infer.attention import ScheduledSequence, build_metadata
+from infer.engine.cuda_graphs import (
+    Bucket,
+    CUDAGraphRunner,
+    decode_sizes,
+    mixed_sizes,
+    smallest_fitting,
+)
+
+
+def test_decode_sizes_are_small_powers_then_multiples_of_16() -> None:
+    assert decode_sizes(256)[:6] == [1, 2, 4, 8, 16, 32]
+    assert decode_sizes(256)[-2:] == [240, 256]
+    assert decode_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert decode_sizes(1) == [1]
+
+
+def test_mixed_sizes_are_small_powers_then_multiples_of_128() -> None:
+    assert mixed_sizes(2048)[:6] == [16, 32, 64, 128, 256, 384]
+    assert mixed_sizes(2048)[-1] == 2048 and len(mixed_sizes(2048)) == 19
+    assert mixed_sizes(100) == [16, 32, 64, 100]
+    assert smallest_fitting(mixed_sizes(2048), 513) == 640
+    assert smallest_fitting(mixed_sizes(2048), 2049) is None
+
+
+def _seq(first_block: int, computed: int, new: int, block_size: int = 16) -> ScheduledSequence:
+    count = -(-(computed + new) // block_size)
+    return ScheduledSequence(list(range(first_block, first_block + count)), computed, [5] * new)
+
+
+def _runner(
+    model: torch.nn.Module, max_batch_size: int = 8, max_tokens: int = 64
+) -> CUDAGraphRunner:
+    return CUDAGraphRunner(model, 16, max_batch_size, 128, max_tokens, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_a_step_finds_the_smallest_bucket_that_holds_it(smollm2_llm: LLM) -> None:
+    graphs = _runner(smollm2_llm.engine.model)
+    decode = [_seq(i, 20, 1) for i in range(5)]
+    assert graphs.bucket_for(decode) == Bucket(8, 8, True)
+    assert graphs.bucket_for([_seq(0, 0, 30), *decode]) == Bucket(64, 8, False)
+    assert graphs.bucket_for([_seq(0, 0, 60), _seq(9, 0, 10)]) is None  # 70 tokens
+    assert graphs.bucket_for([_seq(i, 0, 2) for i in range(9)]) is None  # 9 rows
+    assert graphs.bucket_for([_seq(i, 20, 1) for i in range(9)]) is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_padded_step_gives_the_real_rows_what_the_step_gives_alone(
+    family: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    llm = LLM(str(tiny_checkpoint(family)), num_gpu_blocks=64, max_seq_len=128, max_batch_size=8)
+    model = llm.engine.model
+    graphs = _runner(model)
+    generator = torch.Generator().manual_seed(3)
+    mixed = [_seq(0, 0, 21), _seq(2, 40, 1), _seq(6, 16, 12), _seq(10, 3, 1), _seq(12, 30, 9)]
+    mixed.append(_seq(15, 50, 1))  # three decode rows: the decode bucket of 4 pads one
+    for seqs in (mixed, [s for s in mixed if len(s.token_ids) == 1]):
+        for s in seqs:
+            s.token_ids = torch.randint(3, 300, (len(s.token_ids),), generator=generator).tolist()
+        with torch.inference_mode():
+            input_ids, meta = build_metadata(seqs, 16, torch.device("cpu"))
+            alone = model(input_ids, meta.positions, meta)
+            bucket = graphs.bucket_for(seqs)
+            assert bucket is not None and bucket.tokens > input_ids.shape[0]
+            graphs.load(bucket, seqs)
+            padded = graphs.forward(bucket)
+            expected = model.compute_logits(alone) if bucket.decode else alone
+        real = len(seqs) if bucket.decode else input_ids.shape[0]
+        torch.testing.assert_close(padded[:real], expected, atol=1e-5, rtol=1e-5)
