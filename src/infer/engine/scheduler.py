@@ -139,10 +139,11 @@ class Scheduler:
             return out
         budget = self.token_budget
         prefills = 0
+        decodes = sum(self._remaining(r) == 1 for r in self.running)
         for request in list(self.running):
             if request.state is not RequestState.RUNNING or budget == 0:
                 continue
-            num_tokens = self._tokens_to_run(request, budget, prefills)
+            num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
             if num_tokens == 0:
                 continue
             if not self._make_room(request, num_tokens, out):
@@ -151,7 +152,7 @@ class Scheduler:
             budget -= num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
-            self._admit(out, budget, prefills)
+            self._admit(out, budget, prefills, decodes)
         return out
 
     def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
@@ -210,8 +211,13 @@ class Scheduler:
             for request in retired:
                 self._release(request)
 
-    def _tokens_to_run(self, request: Request, budget: int, prefills: int) -> int:
-        remaining = request.num_scheduled_tokens - self.num_computed(request)
+    def _remaining(self, request: Request) -> int:
+        return request.num_scheduled_tokens - self.num_computed(request)
+
+    def _tokens_to_run(
+        self, request: Request, budget: int, prefills: int, decodes: int = 0
+    ) -> int:
+        remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
         cap = self.config.max_prefill_chunks_per_step
@@ -219,7 +225,15 @@ class Scheduler:
             return 0
         if not self.config.use_chunked_prefill:
             return remaining if remaining <= budget else 0
-        return min(remaining, budget, self.config.prefill_chunk_size)
+        return min(remaining, budget, self._chunk_size(prefills, decodes))
+
+    def _chunk_size(self, prefills: int, decodes: int) -> int:
+        """A step's first chunk shares ``prefill_chunk_size`` with the step's decode rows
+        (down to half of it): a step holding one chunk then holds a fixed number of tokens,
+        which bounds its time (every decode row's inter-token latency) and fills its CUDA
+        graph without padding (512 + 10 decode rows would pad to 640)."""
+        size = self.config.prefill_chunk_size
+        return size if prefills else max(size - decodes, (size + 1) // 2)
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for the request's next tokens, preempting the newest requests."""
@@ -252,7 +266,7 @@ class Scheduler:
             return not self.running
         return True
 
-    def _admit(self, out: SchedulerOutput, budget: int, prefills: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, prefills: int, decodes: int) -> None:
         free_tokens = self.pool.free_token_capacity()
         admissible = (
             None
@@ -276,7 +290,7 @@ class Scheduler:
                 break
             self.waiting.remove(request)
             self.running.append(request)
-            num_tokens = self._tokens_to_run(request, budget, prefills)
+            num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
             if num_tokens == 0:
                 continue
             self._add_chunk(out, request, num_tokens)

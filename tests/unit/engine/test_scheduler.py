@@ -104,12 +104,23 @@ def test_chunked_prefill_runs_chunks_beside_decodes_and_samples_only_at_the_end(
         out = scheduler.schedule()
         seen.append([(c.request.request_id, c.num_tokens, c.samples) for c in out.chunks])
         _run(scheduler, out)
-    assert seen == [
-        [("short", 1, True), ("long", 16, False)],
-        [("short", 1, True), ("long", 16, False)],
-        [("short", 1, True), ("long", 8, True)],
+    assert seen == [  # the decode row and the chunk share the chunk size
+        [("short", 1, True), ("long", 15, False)],
+        [("short", 1, True), ("long", 15, False)],
+        [("short", 1, True), ("long", 10, True)],
     ]
     assert scheduler.num_computed(scheduler.running[1]) == 40
+
+
+def test_the_first_chunk_shares_the_chunk_size_with_decode_rows_down_to_half() -> None:
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
+    for name in "abcdefghij":
+        scheduler.add_request(_request(name, 3))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("long", 40))
+    scheduler.add_request(_request("other", 40))
+    chunks = [(n, c) for n, c in _names(scheduler.schedule()) if c > 1]
+    assert chunks == [("long", 8), ("other", 16)]  # 16 - 10 decode rows < 8; the next is whole
 
 
 def test_prefill_chunk_cap_per_step() -> None:
