@@ -214,9 +214,7 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         return request.num_scheduled_tokens - self.num_computed(request)
 
-    def _tokens_to_run(
-        self, request: Request, budget: int, prefills: int, decodes: int = 0
-    ) -> int:
+    def _tokens_to_run(self, request: Request, budget: int, prefills: int, decodes: int = 0) -> int:
         remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
