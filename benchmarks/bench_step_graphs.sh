@@ -4,7 +4,7 @@
 #   chunked_prefill   default (chunked, graphs)  vs  --no-chunked-prefill   (P99 ITL, TTFT)
 #   prefix_caching    default                    vs  --no-prefix-caching    (TTFT)
 #   burst256, single  default                                               (throughput)
-#   chunked_prefill   --prefill-chunk-size 256 / 384 / 1024                 (the chunk sweep)
+#   chunked_prefill   --prefill-chunk-size 256 / 512 / 1024 (default 384)  (the chunk sweep)
 # Default-setting runs update the scoreboard; the others write to a scratch scoreboard and
 # their JSON (results/<dir>/<label>-<workload>-infer.json) is what RESULTS.md quotes.
 #
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TQDM_DISABLE=1
 out=${1:-benchmarks/results/step-graphs-$(date -u +%Y-%m-%dT%H%M%SZ)}
 mkdir -p "$out"
-scratch=$(mktemp)
+scratch=$(mktemp -d)/scoreboard.json  # the settings that are not the defaults
 run() { # label scoreboard flags...
   local label=$1 board=$2 start=$SECONDS
   shift 2
@@ -28,10 +28,10 @@ board=${INFER_SCOREBOARD:-benchmarks/results/scoreboard.json}
 run default "$board" --workload chunked_prefill,prefix_caching,burst256,single
 run unchunked "$scratch" --workload chunked_prefill --no-chunked-prefill
 run no-prefix-caching "$scratch" --workload prefix_caching --no-prefix-caching
-for size in 256 384 1024; do
+for size in 256 512 1024; do
   run "chunk-$size" "$scratch" --workload chunked_prefill --prefill-chunk-size "$size"
 done
-rm -f "$scratch"
+rm -rf "$(dirname "$scratch")"
 python3 - "$out" <<'TABLE' | tee "$out/table.md"
 import json, sys
 from pathlib import Path

@@ -223,15 +223,10 @@ class Scheduler:
             return 0
         if not self.config.use_chunked_prefill:
             return remaining if remaining <= budget else 0
-        return min(remaining, budget, self._chunk_size(prefills, decodes))
-
-    def _chunk_size(self, prefills: int, decodes: int) -> int:
-        """A step's first chunk shares ``prefill_chunk_size`` with the step's decode rows
-        (down to half of it): a step holding one chunk then holds a fixed number of tokens,
-        which bounds its time (every decode row's inter-token latency) and fills its CUDA
-        graph without padding (512 + 10 decode rows would pad to 640)."""
         size = self.config.prefill_chunk_size
-        return size if prefills else max(size - decodes, (size + 1) // 2)
+        if remaining > size and prefills == 0:
+            size = max(size - decodes, (size + 1) // 2)
+        return min(remaining, budget, size)
 
     def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for the request's next tokens, preempting the newest requests."""

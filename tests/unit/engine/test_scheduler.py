@@ -112,15 +112,17 @@ def test_chunked_prefill_runs_chunks_beside_decodes_and_samples_only_at_the_end(
     assert scheduler.num_computed(scheduler.running[1]) == 40
 
 
-def test_the_first_chunk_shares_the_chunk_size_with_decode_rows_down_to_half() -> None:
+def test_a_chunked_prompts_first_chunk_shares_the_chunk_size_with_decode_rows() -> None:
     scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
     for name in "abcdefghij":
         scheduler.add_request(_request(name, 3))
     _run(scheduler, scheduler.schedule())
     scheduler.add_request(_request("long", 40))
     scheduler.add_request(_request("other", 40))
+    scheduler.add_request(_request("fits", 12))
     chunks = [(n, c) for n, c in _names(scheduler.schedule()) if c > 1]
-    assert chunks == [("long", 8), ("other", 16)]  # 16 - 10 decode rows < 8; the next is whole
+    # 16 - 10 decode rows < 8; the next chunk is whole, and so is a prompt that fits one
+    assert chunks == [("long", 8), ("other", 16), ("fits", 12)]
 
 
 def test_prefill_chunk_cap_per_step() -> None:
