@@ -101,7 +101,7 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(10, 4096, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def _generate(path: str, **options: Any) -> list[list[int]]:
+def _generate(path: str, sharpen: bool = True, **options: Any) -> list[list[int]]:
     settings = {
         "load_format": "dummy",
         "device": "cuda",
@@ -112,9 +112,9 @@ def _generate(path: str, **options: Any) -> list[list[int]]:
         **options,
     }
     llm = LLM(path, **settings)
-    # Sharpen the random model's predictions so bf16 rounding cannot flip near-ties.
-    with torch.no_grad():
-        llm.engine.model.lm_head.weight.mul_(8.0)
+    if sharpen:  # so bf16 rounding cannot flip the random model's near-ties
+        with torch.no_grad():
+            llm.engine.model.lm_head.weight.mul_(8.0)
     results = llm.generate(_prompts(), GREEDY, use_tqdm=False)
     pool = llm.engine.pool
     assert pool.audit_blocks() == [] and pool.used_blocks() == 0
@@ -225,3 +225,15 @@ def test_step_graphs_replay_what_the_eager_step_computes(
             padded = graphs.forward(bucket)[: replayed.shape[0]]
         torch.testing.assert_close(replayed, padded, atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(replayed.float(), unpadded.float(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism needs two GPUs")
+@pytest.mark.parametrize("family", CONFIGS)
+def test_two_ranks_over_nccl_generate_what_one_gpu_generates(
+    family: str, checkpoints: dict[str, str]
+) -> None:
+    """In float32 (each rank holds only its shard of the LM head, so it cannot be sharpened
+    like the others): same greedy tokens, with CUDA graphs capturing the all-reduces."""
+    one = _generate(checkpoints[family], sharpen=False, dtype="float32")
+    two = _generate(checkpoints[family], sharpen=False, dtype="float32", tensor_parallel_size=2)
+    assert two == one
