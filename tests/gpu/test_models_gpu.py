@@ -112,13 +112,16 @@ def _generate(path: str, sharpen: bool = True, **options: Any) -> list[list[int]
         **options,
     }
     llm = LLM(path, **settings)
-    if sharpen:  # so bf16 rounding cannot flip the random model's near-ties
-        with torch.no_grad():
-            llm.engine.model.lm_head.weight.mul_(8.0)
-    results = llm.generate(_prompts(), GREEDY, use_tqdm=False)
-    pool = llm.engine.pool
-    assert pool.audit_blocks() == [] and pool.used_blocks() == 0
-    return [r.outputs[0].token_ids for r in results]
+    try:
+        if sharpen:  # so bf16 rounding cannot flip the random model's near-ties
+            with torch.no_grad():
+                llm.engine.model.lm_head.weight.mul_(8.0)
+        results = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+        pool = llm.engine.pool
+        assert pool.audit_blocks() == [] and pool.used_blocks() == 0
+        return [r.outputs[0].token_ids for r in results]
+    finally:
+        llm.engine.close()  # a tensor-parallel engine's workers go with it
 
 
 @pytest.mark.parametrize("family", CONFIGS)

@@ -216,43 +216,50 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
         check_fits(workload, max_seq_len)
     device = config.resolved_device
     ceilings = measure_ceilings(device) if engine == "infer" and device.type == "cuda" else None
-    run, details = _engine_runner(engine, config, max_seq_len, args.progress)
-    ok = True
-    for workload, warmup in pairs:
-        head: dict[str, Any] = {
-            "engine": engine,
-            "model": config.model,
-            "workload": workload.name,
-            "description": workload.description,
-        }
-        try:
-            summary = summarize(run(workload, warmup))
-        except Exception as exc:  # keep going: one failed run is itself a result
-            logger.exception("%s %s failed", engine, workload.name)
-            summary = {
-                "num_requests": len(workload.requests),
-                "num_failed": len(workload.requests),
-                "errors": [f"{type(exc).__name__}: {exc}"[:300]],
-                "output_tok_s": 0.0,
+    run, details, close = _engine_runner(engine, config, max_seq_len, args.progress)
+    try:
+        ok = True
+        for workload, warmup in pairs:
+            head: dict[str, Any] = {
+                "engine": engine,
+                "model": config.model,
+                "workload": workload.name,
+                "description": workload.description,
             }
-            ok = False
-        record = {
-            **head,
-            **summary,
-            **environment(),
-            "seed": args.seed,
-            "max_tokens_cap": args.max_tokens,
-            "warmup_requests": args.warmup,
-            "engine_config": details,
-        }
-        if engine == "infer":
-            record["roofline"] = workload_roofline(
-                model_config, workload, ceilings, config.torch_dtype.itemsize
-            )
-        path = write_json(record, paths[workload.name, engine])
-        _print_done(engine, workload.name, summary, path)
-        if summary["num_failed"] == 0 and _is_headline(args, device.type):
-            _record_score(f"offline/{_model_name(config.model)}/{workload.name}/{engine}", summary)
+            try:
+                summary = summarize(run(workload, warmup))
+            except Exception as exc:  # keep going: one failed run is itself a result
+                logger.exception("%s %s failed", engine, workload.name)
+                summary = {
+                    "num_requests": len(workload.requests),
+                    "num_failed": len(workload.requests),
+                    "errors": [f"{type(exc).__name__}: {exc}"[:300]],
+                    "output_tok_s": 0.0,
+                }
+                ok = False
+            record = {
+                **head,
+                **summary,
+                **environment(),
+                "seed": args.seed,
+                "max_tokens_cap": args.max_tokens,
+                "warmup_requests": args.warmup,
+                "engine_config": details,
+            }
+            if engine == "infer":
+                record["roofline"] = workload_roofline(
+                    model_config, workload, ceilings, config.torch_dtype.itemsize
+                )
+            path = write_json(record, paths[workload.name, engine])
+            _print_done(engine, workload.name, summary, path)
+            if summary["num_failed"] == 0 and _is_headline(args, device.type):
+                ranks = (
+                    f"-tp{config.tensor_parallel_size}" if config.tensor_parallel_size > 1 else ""
+                )
+                name = f"offline/{_model_name(config.model)}/{workload.name}/{engine}{ranks}"
+                _record_score(name, summary)
+    finally:
+        close()
     return ok
 
 
@@ -278,8 +285,9 @@ def _record_score(prefix: str, summary: dict[str, Any]) -> None:
 
 def _engine_runner(
     engine: str, config: EngineConfig, max_seq_len: int, progress: bool
-) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any]]:
-    """``run(workload, warmup)`` for one engine (loaded once), and its settings to record."""
+) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any], Callable[[], None]]:
+    """``run(workload, warmup)`` for one engine (loaded once), its settings to record, and
+    what stops it (infer's tensor-parallel workers, before the interpreter exits)."""
     if engine == "infer":
         from infer.bench.offline import run_infer
         from infer.engine.llm import LLM
@@ -295,13 +303,13 @@ def _engine_runner(
             "max_seq_len": llm.engine.max_seq_len,
             "cuda_graphs": config.cuda_graphs_enabled,
         }
-        return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details
+        return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details, llm.engine.close
 
     if engine == "vllm":
         from infer.bench.vllm_peer import build_vllm, run_vllm
 
         llm, details = build_vllm(config, max_seq_len)
-        return (lambda w, warm: run_vllm(llm, w, warm, progress)), details
+        return (lambda w, warm: run_vllm(llm, w, warm, progress)), details, _nothing
 
     from infer.bench.hf_peer import build_hf_model, run_hf
 
@@ -313,7 +321,11 @@ def _engine_runner(
         "dtype": str(model.dtype),
         "load_format": config.load_format,
     }
-    return (lambda w, warm: run_hf(model, w, warm, progress)), details
+    return (lambda w, warm: run_hf(model, w, warm, progress)), details, _nothing
+
+
+def _nothing() -> None:
+    """The peers hold no processes of their own to stop."""
 
 
 def _report(
