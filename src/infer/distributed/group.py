@@ -10,7 +10,10 @@ initialised (``SINGLE``).
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 # A collective of the forward pass that waits longer than this fails the step.
 COLLECTIVE_TIMEOUT = timedelta(seconds=float(os.environ.get("INFER_TP_TIMEOUT_S", "300")))
@@ -128,6 +133,22 @@ def open_compute(group: ParallelGroup, device: torch.device) -> None:
     group.compute = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
 
 
-def close_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def release_graphs(runner: Any) -> None:
+    """Drop a runner's CUDA graphs before its process group goes: destroying an NCCL group
+    whose collectives a live graph captured can hang (pytorch/pytorch#115388)."""
+    if runner is not None and getattr(runner, "graphs", None) is not None:
+        runner.graphs = None
+        gc.collect()
+        torch.cuda.synchronize()
+
+
+def close_group(timeout_s: float = 20.0) -> None:
+    """Destroy the process groups, giving up after ``timeout_s`` (a wedged NCCL teardown
+    is left behind with a warning rather than hanging the process that stops)."""
+    if not dist.is_initialized():
+        return
+    closer = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        logger.warning("the process group did not close within %.0f s; leaving it", timeout_s)
