@@ -81,6 +81,14 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 FAMILIES = tuple(TINY_CONFIGS)
+# Texts that tokenizers get wrong most often: accents, CJK, emoji sequences, whitespace runs.
+MIXED_SCRIPT_TEXTS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "Héllo wörld, naïve café, Ünïcödé: ñ ß ø å é.",
+    "日本語のテキストと中文，还有한국어.",
+    "emoji 🎉👍🏽 family 👨‍👩‍👧 flag 🇫🇷 🙂",
+    "tabs\tand\n\nnewlines   spaces\n",
+]
 
 
 def hf_config(family: str) -> Any:

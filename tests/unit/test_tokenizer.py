@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import MIXED_SCRIPT_TEXTS
 
 import infer.tokenizer as tokenizer_module
 from infer import LLM, SamplingParams
@@ -19,11 +20,7 @@ from infer.loader.presets import embedded_model_path
 from infer.tokenizer import Tokenizer, cache_dir
 
 TEXTS = [
-    "Hello, world! The quick brown fox jumps over the lazy dog.",
-    "Héllo wörld, naïve café, Ünïcödé: ñ ß ø å é.",
-    "日本語のテキストと中文，还有한국어.",
-    "emoji 🎉👍🏽 family 👨‍👩‍👧 flag 🇫🇷 🙂",
-    "tabs\tand\n\nnewlines   spaces\n",
+    *MIXED_SCRIPT_TEXTS,
     "math ∑ ∫ √ ≤ ≥ and arrows → ⇒ mixed with ASCII",
 ]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

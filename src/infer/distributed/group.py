@@ -10,7 +10,6 @@ initialised (``SINGLE``).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import threading
@@ -131,15 +130,6 @@ def open_compute(group: ParallelGroup, device: torch.device) -> None:
     """Create the compute group: NCCL for CUDA devices, gloo on the CPU (all ranks call it)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     group.compute = dist.new_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
-
-
-def release_graphs(runner: Any) -> None:
-    """Drop a runner's CUDA graphs before its process group goes: destroying an NCCL group
-    whose collectives a live graph captured can hang (pytorch/pytorch#115388)."""
-    if runner is not None and getattr(runner, "graphs", None) is not None:
-        runner.graphs = None
-        gc.collect()
-        torch.cuda.synchronize()
 
 
 def close_group(timeout_s: float = 20.0) -> None:

@@ -30,7 +30,6 @@ from infer.distributed.group import (
     close_group,
     join_group,
     open_compute,
-    release_graphs,
 )
 from infer.engine.rank import build_rank
 from infer.engine.runner import ModelRunner, StepInputs
@@ -169,7 +168,7 @@ def main() -> None:
     max_seq_len = config.resolved_max_seq_len(model_config)
     state = build_rank(config, source, model_config, max_seq_len, device, group)
     follow_steps(state.runner, group, device)
-    release_graphs(state.runner)
+    state.runner.release_graphs()
     close_group()
 
 

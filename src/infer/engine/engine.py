@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infer.config import EngineConfig, ModelConfig
-from infer.distributed.group import SINGLE, WorkerDiedError, release_graphs
+from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.output import request_output
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
@@ -92,7 +92,9 @@ class Engine:
         raises ``WorkerDiedError`` if one has died (the clearer error of a failed start)."""
         if self.workers is not None:
             workers, self.workers = self.workers, None
-            release_graphs(getattr(self, "runner", None))
+            runner = getattr(self, "runner", None)  # None when construction failed
+            if runner is not None:
+                runner.release_graphs()
             try:
                 if check_workers:
                     workers.check_alive(grace_s=2.0)

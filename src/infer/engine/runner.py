@@ -14,6 +14,7 @@ the collectives inside it pair up, and only rank 0 samples.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +159,14 @@ class ModelRunner:
         if launched.done is not None:
             launched.done.synchronize()
         return _results(launched)
+
+    def release_graphs(self) -> None:
+        """Drop the CUDA graphs before the process group goes: destroying an NCCL group
+        whose collectives a live graph captured can hang (pytorch/pytorch#115388)."""
+        if self.graphs is not None:
+            self.graphs = None
+            gc.collect()
+            torch.cuda.synchronize()
 
     def run_model(self, step: StepInputs, input_ids: Tensor | None) -> Tensor:
         """Logits of the step's sampling rows; ``input_ids`` (on the device) overrides the

@@ -46,10 +46,7 @@ def completion_choice(
     token_ids: list[int] | None,
 ) -> str:
     """A ``CompletionChoice`` as JSON."""
-    return (
-        f'{{"index":{index},"text":{dumps(text)},"logprobs":{_model(logprobs)},'
-        f'"finish_reason":{dumps(finish_reason)}{_token_ids(token_ids)}}}'
-    )
+    return _choice(index, f'"text":{dumps(text)}', logprobs, finish_reason, token_ids)
 
 
 def chat_chunk_choice(
@@ -60,8 +57,19 @@ def chat_chunk_choice(
     token_ids: list[int] | None,
 ) -> str:
     """A ``ChatChunkChoice`` as JSON; ``delta``: the ``ChatDelta`` as JSON."""
+    return _choice(index, f'"delta":{delta}', logprobs, finish_reason, token_ids)
+
+
+def _choice(
+    index: int,
+    content: str,
+    logprobs: BaseModel | None,
+    finish_reason: str | None,
+    token_ids: list[int] | None,
+) -> str:
+    """A streamed choice; ``content``: its ``"text"`` or ``"delta"`` member as JSON."""
     return (
-        f'{{"index":{index},"delta":{delta},"logprobs":{_model(logprobs)},'
+        f'{{"index":{index},{content},"logprobs":{_model(logprobs)},'
         f'"finish_reason":{dumps(finish_reason)}{_token_ids(token_ids)}}}'
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from jinja2 import TemplateError
+from tests.conftest import MIXED_SCRIPT_TEXTS
 
 from infer.engine.prompts import PromptEncoder
 from infer.loader.presets import embedded_model_path
@@ -19,11 +20,7 @@ from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher
 from infer.tokenizer import Message, Tokenizer
 
 TEXTS = [
-    "Hello, world! The quick brown fox jumps over the lazy dog.",
-    "Héllo wörld, naïve café, Ünïcödé: ñ ß ø å é.",
-    "日本語のテキストと中文，还有한국어.",
-    "emoji 🎉👍🏽 family 👨‍👩‍👧 flag 🇫🇷 🙂",
-    "tabs\tand\n\nnewlines   spaces\n",
+    *MIXED_SCRIPT_TEXTS,
     "<|im_start|>user special tokens in text<|im_end|>",
 ]
 
