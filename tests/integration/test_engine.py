@@ -33,11 +33,24 @@ def _drain(engine: Engine) -> dict[str, list]:  # type: ignore[type-arg]
 
 
 def test_intermediate_prefill_chunks_emit_nothing(llama: str) -> None:
-    engine = _engine(llama, prefill_chunk_size=8)
+    engine = _engine(llama, prefill_chunk_size=8, use_async_scheduling=False)
     engine.add_request(list(range(3, 30)), GREEDY, request_id="long")  # 4 chunks
     emitted = [len(engine.step()) for _ in range(4)]
     assert emitted == [0, 0, 0, 1]
     assert engine.scheduler.num_computed(engine.scheduler.running[0]) == 27
+
+
+def test_with_async_scheduling_the_next_chunk_is_in_flight_when_a_step_returns(
+    llama: str,
+) -> None:
+    engine = _engine(llama, prefill_chunk_size=8)
+    engine.add_request(list(range(3, 30)), GREEDY, request_id="long")  # 4 chunks
+    computed = []
+    for _ in range(4):
+        engine.step()
+        computed.append(engine.scheduler.num_computed(engine.scheduler.running[0]))
+    # Each call collects one step and leaves the next queued: chunks, then the first decode.
+    assert computed == [16, 24, 27, 28]
 
 
 def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
@@ -255,8 +268,9 @@ def test_chunked_and_whole_prefill_give_the_same_first_token_logprobs(llama: str
 
 
 def test_the_cache_holds_exactly_the_prefilled_tokens_after_every_chunk(llama: str) -> None:
-    """Seed 001 exit 12: the pool's length equals the request's prefill progress."""
-    engine = _engine(llama, prefill_chunk_size=8)
+    """Seed 001 exit 12: the pool's length equals the request's prefill progress (with
+    nothing in flight: async scheduling counts the queued chunk too)."""
+    engine = _engine(llama, prefill_chunk_size=8, use_async_scheduling=False)
     engine.add_request(list(range(3, 30)), GREEDY, request_id="r")
     for expected in (8, 16, 24, 27):
         engine.step()

@@ -119,9 +119,7 @@ def test_scheduled_ahead_constrained_steps_sample_what_synchronous_steps_do(
     monkeypatch.setattr(engine.runner, "forward", counting)
     ahead = smollm2_llm.generate(prompts, params, use_tqdm=False)
     # Constrained rows ran ahead (fed from the device), their masks filled afterwards.
-    assert any(
-        s.previous_rows is not None and any(c.request.grammar for c in s.chunks) for s in forwarded
-    )
+    assert any(s.fed_rows and any(c.request.grammar for c in s.chunks) for s in forwarded)
     monkeypatch.setattr(engine.config, "use_async_scheduling", False)
     synchronous = smollm2_llm.generate(prompts, params, use_tqdm=False)
     assert [r.outputs[0].token_ids for r in ahead] == [r.outputs[0].token_ids for r in synchronous]

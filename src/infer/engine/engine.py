@@ -43,12 +43,13 @@ class Inflight:
 
 
 @dataclass
-class Deferred:
-    """A step scheduled ahead whose forward pass is queued and whose sampling waits for the
-    previous step's tokens on the host."""
+class Ahead:
+    """A step scheduled ahead of the one in flight. ``sample_later``: only its forward pass
+    is queued (``forwarded``); its sampling waits for the previous step's tokens on the host."""
 
     scheduled: SchedulerOutput
-    forwarded: ForwardedStep | None
+    forwarded: ForwardedStep | None = None
+    sample_later: bool = False
 
 
 class Engine:
@@ -166,11 +167,12 @@ class Engine:
         """One engine step: schedule → launch → collect → update; returns the progress of
         every request that produced output.
 
-        With ``use_async_scheduling``, the decode step that continues a decode step is
-        scheduled and launched before that one's tokens are collected, so the host's
-        bookkeeping overlaps the device's work; the next call collects it. When its sampling
-        reads the output so far on the host (a grammar's mask, penalties), only its forward
-        pass is queued ahead, and its sampling once this step's tokens are known.
+        With ``use_async_scheduling``, the next step is scheduled and launched before this
+        one's tokens are collected (its rows that sampled here take their tokens on the
+        device), so the host's bookkeeping overlaps the device's work and the device never
+        waits between steps; the next call collects it. When its sampling reads the output so
+        far on the host (a grammar's mask, penalties), only its forward pass is queued ahead,
+        and its sampling once this step's tokens are known.
         """
         outputs: list[RequestOutput] = []
         current, self._inflight = self._inflight, None
@@ -184,11 +186,13 @@ class Engine:
                 involved = scheduled.requests()
                 current = self._launch(scheduled)
             ahead = self._launch_ahead(current, involved)
+            if ahead is not None:
+                outputs += [self._output(r) for r in ahead.scheduled.failed]
             result = self.runner.collect(current.launched)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
                 outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
-            if isinstance(ahead, Deferred):  # its tokens are known now: sample
+            if ahead is not None and ahead.sample_later:  # the tokens it reads are known now
                 sampled = None if ahead.forwarded is None else self.runner.sample(ahead.forwarded)
                 self._inflight = Inflight(ahead.scheduled, sampled)
         except WorkerDiedError:  # no step can run any more
@@ -202,28 +206,35 @@ class Engine:
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
 
-    def _launch_ahead(self, current: Inflight, involved: list[Request]) -> Deferred | None:
-        """With async scheduling, launch the decode step that continues ``current`` (it
-        becomes the step in flight); where its sampling reads the output so far (a grammar's
-        mask, penalties), queue only its forward pass and return it to sample later. Its
-        requests join ``involved`` (the requests a failure of this step concerns)."""
-        if not self.config.use_async_scheduling or current.launched is None:
+    def _launch_ahead(self, current: Inflight, involved: list[Request]) -> Ahead | None:
+        """With async scheduling, launch the step that follows ``current`` (it becomes the
+        step in flight); where its sampling reads the output so far (a grammar's mask,
+        penalties), queue only its forward pass, to sample later. Its requests join
+        ``involved`` (the requests a failure of this step concerns)."""
+        if not self.config.use_async_scheduling:
             return None
-        ahead = self.scheduler.schedule_ahead(current.scheduled)
-        if ahead is None:
+        scheduled = self.scheduler.schedule_ahead(current.scheduled)
+        if scheduled is None:
             return None
-        involved += ahead.requests()
-        if any(r.params.needs_output_tokens for r in ahead.requests()):
-            return Deferred(ahead, self.runner.forward(ahead, current.launched))
-        self._inflight = self._launch(ahead, current.launched)
-        return None
+        involved += scheduled.requests()
+        if not scheduled.chunks:  # only admissions that failed
+            return Ahead(scheduled)
+        if any(r.params.needs_output_tokens for r in scheduled.requests()):
+            self._count_prompt_tokens(scheduled)
+            forwarded = self.runner.forward(scheduled, current.launched)
+            return Ahead(scheduled, forwarded, sample_later=True)
+        self._inflight = self._launch(scheduled, current.launched)
+        return Ahead(scheduled)
 
     def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
         """Queue a step on the device; its samples stay there until collected."""
+        self._count_prompt_tokens(scheduled)
+        return Inflight(scheduled, self.runner.launch(scheduled, previous))
+
+    def _count_prompt_tokens(self, scheduled: SchedulerOutput) -> None:
         for chunk in scheduled.chunks:
             if chunk.request.num_output_tokens == 0:
                 self.num_prompt_tokens += chunk.num_tokens
-        return Inflight(scheduled, self.runner.launch(scheduled, previous))
 
     def _output(
         self,

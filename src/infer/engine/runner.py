@@ -102,8 +102,8 @@ class ModelRunner:
     ) -> LaunchedStep | None:
         """Queue the step's forward pass and sampling; returns None when no row samples.
 
-        A step scheduled ahead takes its input tokens from ``previous``'s samples on the
-        device (``scheduled.previous_rows``); the host does not know them yet.
+        A step scheduled ahead takes the input tokens of its fed rows from ``previous``'s
+        samples on the device (``scheduled.fed_rows``); the host does not know them yet.
         """
         forwarded = self.forward(scheduled, previous)
         return None if forwarded is None else self.sample(forwarded)
@@ -124,10 +124,9 @@ class ModelRunner:
             table = self.pool.block_table(request.seq_id)
             sequences.append(ScheduledSequence(table, chunk.start, tokens))
         input_ids = None
-        if scheduled.previous_rows is not None:
+        if scheduled.fed_rows:
             assert previous is not None
-            rows = torch.tensor(scheduled.previous_rows, dtype=torch.int64)
-            input_ids = previous.token_ids[rows.to(self.device, non_blocking=True)]
+            input_ids = self._fed_input_ids(sequences, scheduled.fed_rows, previous.token_ids)
         step = StepInputs(sequences, [c.samples for c in chunks], input_ids is not None)
         if self.group.world_size > 1:
             self.group.broadcast_object(step)
@@ -151,6 +150,22 @@ class ModelRunner:
                 logits, SamplingBatch.from_requests(sampling, self.vocab_size, self.device)
             )
         return _copy_to_host(out, sampling)
+
+    def _fed_input_ids(
+        self, sequences: list[ScheduledSequence], fed: list[tuple[int, int]], samples: Tensor
+    ) -> Tensor:
+        """The step's input tokens on the device, the fed rows' (one token each) taken from
+        the samples of the step in flight."""
+        rows, picks = zip(*fed, strict=True)
+        picked = samples[torch.tensor(picks, dtype=torch.int64).to(self.device, non_blocking=True)]
+        if len(fed) == len(sequences) and all(len(s.token_ids) == 1 for s in sequences):
+            return picked  # a decode step fed whole: the rows in order
+        ends = _ends(sequences)
+        positions = torch.tensor([ends[row] - 1 for row in rows], dtype=torch.int64)
+        host_ids = torch.tensor([t for s in sequences for t in s.token_ids], dtype=torch.int64)
+        input_ids = host_ids.to(self.device, non_blocking=True)
+        input_ids[positions.to(self.device, non_blocking=True)] = picked
+        return input_ids
 
     def collect(self, launched: LaunchedStep | None) -> StepResult:
         """Wait for the step's samples and return them (the step's one synchronisation)."""

@@ -13,9 +13,11 @@ of it is cached.
 ``update``: after the forward pass, each sampled token is appended, the stop rules run, and
 the sequence's newly full blocks are offered for prefix sharing.
 
-``schedule_ahead`` (async scheduling): the next decode step of a decode step in flight,
-decided before its tokens reach the host. Each such token is a *placeholder*
-(``Request.num_placeholders``) until ``update`` replaces it with the sampled one.
+``schedule_ahead`` (async scheduling): the step after the one in flight, decided by the
+same rules before that step's tokens reach the host: decode rows, next prefill chunks and
+admissions alike. A token sampled in flight is a *placeholder* (``Request.num_placeholders``)
+until ``update`` replaces it; the step ahead takes it from the device (``fed_rows``). What
+needs the host first (a preemption, a suspect to run alone) waits for a synchronous step.
 
 A step that raised is handed back with ``recover``: its requests are recomputed, and each
 runs alone until it samples again, so the request that makes steps fail is found and only it
@@ -58,20 +60,21 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # finished at admission
-    # Scheduled ahead: row i's input token is row ``previous_rows[i]`` of the samples of
-    # the step in flight (still on the device).
-    previous_rows: list[int] | None = None
+    # Scheduled ahead: (row, sample) pairs; the row's one input token is that sample of the
+    # step in flight (still on the device).
+    fed_rows: list[tuple[int, int]] = field(default_factory=list)
+    # Scheduled ahead but short of blocks: the next step runs synchronously (and preempts).
+    needs_host: bool = False
 
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
-    @property
-    def is_decode_only(self) -> bool:
-        return all(c.num_tokens == 1 and c.samples for c in self.chunks)
-
     def requests(self) -> list[Request]:
         return [c.request for c in self.chunks]
+
+    def chunks_that_sample(self) -> list[ScheduledChunk]:
+        return [c for c in self.chunks if c.samples]
 
 
 @dataclass(slots=True)
@@ -137,50 +140,61 @@ class Scheduler:
         suspect = next((r for r in [*self.running, *self.waiting] if r.suspect), None)
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
+        self._fill(out, ahead=False)
+        return out
+
+    def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
+        """The step after ``previous`` (in flight), by the rules of ``schedule``; the rows
+        that sampled in ``previous`` run their placeholder, fed from its samples on the
+        device. None when the next step needs the host first: a suspect runs alone, blocks
+        ran short (preemption frees the in-flight step's blocks), or nothing is left to run.
+        Where a row's sampling reads its output so far (``needs_output_tokens``), the engine
+        queues only the forward pass ahead and samples once the tokens are known."""
+        if previous.needs_host or any(r.suspect for r in [*self.running, *self.waiting]):
+            return None
+        self.retire()
+        out = SchedulerOutput()
+        self._fill(out, ahead=True)
+        if not out.chunks:
+            if out.failed:  # failed at admission: reported with the step in flight
+                return out
+            return None
+        sample_rows = {id(c.request): i for i, c in enumerate(previous.chunks_that_sample())}
+        out.fed_rows = [
+            (row, sample_rows[id(c.request)])
+            for row, c in enumerate(out.chunks)
+            if c.start >= len(c.request.token_ids)
+        ]
+        return out
+
+    def _fill(self, out: SchedulerOutput, *, ahead: bool) -> None:
+        """Running requests first (a decode token or the next chunk), then admissions,
+        within the step's budget. ``ahead``: a placeholder that ends its request is not
+        continued, and a shortage of blocks stops the step instead of preempting."""
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
         for request in list(self.running):
             if request.state is not RequestState.RUNNING or budget == 0:
                 continue
+            if ahead and request.num_placeholders and self._ends_in_flight(request):
+                continue
             num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
             if num_tokens == 0:
                 continue
-            if not self._make_room(request, num_tokens, out):
+            if not self._make_room(request, num_tokens, out, ahead=ahead):
+                if out.needs_host:
+                    return
                 continue
             self._add_chunk(out, request, num_tokens)
             budget -= num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills, decodes)
-        return out
 
-    def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
-        """The decode step that continues ``previous`` (a decode step in flight), fed from its
-        samples on the device; None when the next step needs the host first (admissions,
-        preemption, a request joining or ending by length). Where a row's sampling reads its
-        output so far (``needs_output_tokens``), the engine queues only the forward pass
-        ahead and samples once the tokens are known."""
-        if not previous.is_decode_only or self.waiting:
-            return None
-        self.retire()
-        members = {id(r) for r in previous.requests()}
-        if any(id(r) not in members for r in self.running):
-            return None
-        rows = [
-            i
-            for i, r in enumerate(previous.requests())
-            if not r.is_finished and not r.reaches_length(r.num_scheduled_tokens, self.max_seq_len)
-        ]
-        requests = [previous.chunks[i].request for i in rows]
-        if not requests:
-            return None
-        if not all(self.pool.prepare_append(r.seq_id, 1) for r in requests):  # type: ignore[arg-type]
-            return None
-        out = SchedulerOutput(previous_rows=rows)
-        for request in requests:
-            self._add_chunk(out, request, 1)
-        return out
+    def _ends_in_flight(self, request: Request) -> bool:
+        """Whether the token in flight is the request's last by length."""
+        return request.reaches_length(request.num_scheduled_tokens, self.max_seq_len)
 
     def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
         assert request.seq_id is not None
@@ -228,10 +242,16 @@ class Scheduler:
             size = max(size - decodes, (size + 1) // 2)
         return min(remaining, budget, size)
 
-    def _make_room(self, request: Request, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Get blocks for the request's next tokens, preempting the newest requests."""
+    def _make_room(
+        self, request: Request, num_tokens: int, out: SchedulerOutput, *, ahead: bool
+    ) -> bool:
+        """Get blocks for the request's next tokens, preempting the newest requests; ahead
+        of a step in flight (whose blocks a preemption would free) the step needs the host."""
         assert request.seq_id is not None
         while not self.pool.prepare_append(request.seq_id, num_tokens):
+            if ahead:
+                out.needs_host = True
+                return False
             victim = self.running[-1]
             self._requeue(victim)
             self.preemptions += 1
@@ -312,7 +332,7 @@ class Scheduler:
         detokenised and checked against the stop rules; completed blocks become shareable.
         Tokens of requests that ended while the step was in flight are dropped."""
         now = time.perf_counter()
-        sampled = [c.request for c in scheduled.chunks if c.samples]
+        sampled = [c.request for c in scheduled.chunks_that_sample()]
         accepted = []
         for request, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
             if request.is_finished:

@@ -260,3 +260,48 @@ def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatc
     out = scheduler.schedule()
     assert new in scheduler.running and out.chunks and new.block_keys[:2] == keys
     assert starts and min(starts) >= 2  # its prompt blocks were never hashed again
+
+
+def _fed(out: SchedulerOutput) -> list[tuple[str, int]]:
+    """The rows fed from the step in flight: (request, its row among that step's samples)."""
+    return [(out.chunks[row].request.request_id, sample) for row, sample in out.fed_rows]
+
+
+def test_the_step_ahead_continues_decodes_and_chunks_and_admits_newcomers() -> None:
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
+    scheduler.add_request(_request("short", 3))
+    scheduler.add_request(_request("other", 2))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("long", 40))
+    in_flight = scheduler.schedule()  # two decode rows and long's first chunk
+    scheduler.add_request(_request("new", 5))
+    ahead = scheduler.schedule_ahead(in_flight)
+    assert ahead is not None
+    assert _names(ahead) == [("short", 1), ("other", 1), ("long", 14), ("new", 5)]
+    assert _fed(ahead) == [("short", 0), ("other", 1)]  # the placeholders of the step in flight
+    _run(scheduler, in_flight)
+    _run(scheduler, ahead)
+    assert [scheduler.num_computed(r) for r in scheduler.running] == [5, 4, 28, 5]
+
+
+def test_a_placeholder_that_ends_its_request_is_not_continued_ahead() -> None:
+    scheduler = _scheduler(_pool(1000))
+    request = Request("r", [1, 2, 3], 3, SamplingParams(max_tokens=2), seed=0)
+    scheduler.add_request(request)
+    _run(scheduler, scheduler.schedule())  # the first output token
+    in_flight = scheduler.schedule()  # the second, its last
+    assert scheduler.schedule_ahead(in_flight) is None
+
+
+def test_short_of_blocks_the_step_ahead_stops_and_the_next_one_is_synchronous() -> None:
+    scheduler = _scheduler(_pool(21), admission_reserve=0.0)
+    scheduler.add_request(_request("A", 10))
+    scheduler.add_request(_request("B", 10))
+    in_flight = scheduler.schedule()  # 20 of the 21 blocks
+    ahead = scheduler.schedule_ahead(in_flight)  # one block left: A's next token only
+    assert ahead is not None and _names(ahead) == [("A", 1)] and ahead.needs_host
+    assert scheduler.schedule_ahead(ahead) is None  # a preemption needs the host
+    _run(scheduler, in_flight)
+    _run(scheduler, ahead)
+    out = scheduler.schedule()
+    assert _names(out) == [("A", 1)] and [r.request_id for r in out.preempted] == ["B"]
