@@ -32,9 +32,13 @@ from infer.config import EngineConfig
 from infer.loader import resolve_model
 from infer.tokenizer import cache_dir
 
-# The carried build has no flashinfer; the rest keeps a machine without internet quiet.
+# The carried build has no flashinfer. The engine core runs in this process: the harness
+# has touched CUDA before vLLM starts, and a forked engine core cannot use it ("Cannot
+# re-initialize CUDA in forked subprocess", H100, 2026-11-24). The rest keeps a machine
+# without internet quiet.
 VLLM_ENVIRONMENT = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",

@@ -124,7 +124,14 @@ def _attend_range(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["window", "num_splits", "merge"])  # data: compile once
+# Triton compiles a variant per integer argument that is 1 or a multiple of 16: arguments
+# that change with a step's shape (the block table's width, the split partials' strides)
+# would each compile at first use, mid-serving (~1 s: seen on the first chat burst). Not
+# specialised, one variant serves every step and the warm-up compiles it.
+_STEP_SHAPED = ["stride_table", "stride_pb", "stride_ps", "stride_ph", "stride_lb", "stride_ls"]
+
+
+@triton.jit(do_not_specialize=["window", "num_splits", "merge", *_STEP_SHAPED])
 def _decode_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse, Counters,
     stride_ot, stride_oh, stride_qt, stride_qh,
@@ -196,7 +203,7 @@ def _decode_kernel(
             tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", *_STEP_SHAPED[1:]])
 def _combine_kernel(
     Out, PartOut, PartLse, QueryStart,
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
@@ -241,7 +248,7 @@ def _find_seq(QueryStart, num_seqs, pid, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=["num_seqs", "window"])
+@triton.jit(do_not_specialize=["num_seqs", "window", "stride_table"])
 def _prefill_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, num_seqs,
     stride_ot, stride_oh, stride_qt, stride_qh,
