@@ -446,7 +446,8 @@ def paged_attention(
         return out
     head_dim = q.shape[-1]
     kv_len = min(meta.max_seq_len, sliding_window) if sliding_window > 0 else meta.max_seq_len
-    splits = num_splits or num_kv_splits(meta.num_seqs, k_cache.shape[1], kv_len, q.device)
+    rows = meta.split_rows or meta.num_seqs
+    splits = num_splits or num_kv_splits(rows, k_cache.shape[1], kv_len, q.device)
     tile = decode_tile or decode_config(head_dim)
     if scratch is None:
         scratch = functools.partial(new_split_scratch, device=q.device)

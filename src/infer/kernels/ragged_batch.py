@@ -17,6 +17,9 @@ class RaggedBatch:
     query_start_loc: Tensor  # [B + 1] int32
     max_query_len: int
     max_seq_len: int
+    # The decode rows the keys' splits are sized for (flash-decoding), when fewer than the
+    # rows: a mixed step's graph holds mostly prompt and padding rows (``cuda_graphs``).
+    split_rows: int | None = None
 
     @property
     def num_seqs(self) -> int:
