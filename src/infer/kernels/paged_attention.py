@@ -64,14 +64,18 @@ def decode_config(head_dim: int) -> TileConfig:
     return TileConfig(16, 32 if head_dim > 128 else 64, 4, 3)
 
 
-def prefill_config(head_dim: int, max_seq_len: int = 4096) -> TileConfig:
+def prefill_config(head_dim: int, max_seq_len: int = 4096, element_size: int = 2) -> TileConfig:
     """Default prefill tile for a batch whose longest sequence has ``max_seq_len`` tokens.
 
     Chosen like ``decode_config``, on an H100 for head_dim 128: wide key steps pay off over
     long contexts (1 x 4096: 284 TFLOP/s against 242 with 32-key steps), short ones finish
     sooner with narrow steps and fewer warps (8 x 512: 133 against 117; 16 x 256: 89 against
-    71; 16 chunks of 512 over 1024: 228 against 217).
+    71; 16 chunks of 512 over 1024: 228 against 217). Float32 (``element_size`` 4, the GPU
+    tests' reference dtype) takes half the rows and one stage: 128 rows of 256-wide float32
+    heads need 295 KB of shared memory, above an H200's 227 KB.
     """
+    if element_size > 2:
+        return TileConfig(64, 32, 4, 1)
     if head_dim > 128:
         return TileConfig(128, 64, 8, 2)
     if head_dim == 128:
@@ -453,7 +457,7 @@ def paged_attention(
         scratch = functools.partial(new_split_scratch, device=q.device)
     _launch_decode(out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile, scratch)
     if meta.max_query_len > 1:
-        tile = prefill_tile or prefill_config(head_dim, meta.max_seq_len)
+        tile = prefill_tile or prefill_config(head_dim, meta.max_seq_len, q.element_size())
         _launch_prefill(out, q, k_cache, v_cache, meta, scale, sliding_window, tile)
     return out
 
