@@ -158,8 +158,8 @@ class ModelRunner:
         the samples of the step in flight."""
         rows, picks = zip(*fed, strict=True)
         picked = samples[torch.tensor(picks, dtype=torch.int64).to(self.device, non_blocking=True)]
-        if len(fed) == len(sequences) and all(len(s.token_ids) == 1 for s in sequences):
-            return picked  # a decode step fed whole: the rows in order
+        if len(fed) == len(sequences):
+            return picked  # every row fed (one token each), in order
         ends = _ends(sequences)
         positions = torch.tensor([ends[row] - 1 for row in rows], dtype=torch.int64)
         host_ids = torch.tensor([t for s in sequences for t in s.token_ids], dtype=torch.int64)

@@ -26,6 +26,7 @@ gets the error.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ class Scheduler:
         """The next step; nothing may be in flight (every placeholder resolved)."""
         self.retire()
         out = SchedulerOutput()
-        suspect = next((r for r in [*self.running, *self.waiting] if r.suspect), None)
+        suspect = self._first_suspect()
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
         self._fill(out, ahead=False)
@@ -150,7 +151,7 @@ class Scheduler:
         ran short (preemption frees the in-flight step's blocks), or nothing is left to run.
         Where a row's sampling reads its output so far (``needs_output_tokens``), the engine
         queues only the forward pass ahead and samples once the tokens are known."""
-        if previous.needs_host or any(r.suspect for r in [*self.running, *self.waiting]):
+        if previous.needs_host or self._first_suspect() is not None:
             return None
         self.retire()
         out = SchedulerOutput()
@@ -166,6 +167,10 @@ class Scheduler:
             if c.start >= len(c.request.token_ids)
         ]
         return out
+
+    def _first_suspect(self) -> Request | None:
+        """A request recovering from a failed step (it runs alone, synchronously)."""
+        return next((r for r in itertools.chain(self.running, self.waiting) if r.suspect), None)
 
     def _fill(self, out: SchedulerOutput, *, ahead: bool) -> None:
         """Running requests first (a decode token or the next chunk), then admissions,

@@ -132,10 +132,10 @@ def _attend_range(
 # that change with a step's shape (the block table's width, the split partials' strides)
 # would each compile at first use, mid-serving (~1 s: seen on the first chat burst). Not
 # specialised, one variant serves every step and the warm-up compiles it.
-_STEP_SHAPED = ["stride_table", "stride_pb", "stride_ps", "stride_ph", "stride_lb", "stride_ls"]
+_SPLIT_STRIDES = ["stride_pb", "stride_ps", "stride_ph", "stride_lb", "stride_ls"]
 
 
-@triton.jit(do_not_specialize=["window", "num_splits", "merge", *_STEP_SHAPED])
+@triton.jit(do_not_specialize=["window", "num_splits", "merge", "stride_table", *_SPLIT_STRIDES])
 def _decode_kernel(
     Out, Q, K, V, Tables, SeqLens, QueryStart, PartOut, PartLse, Counters,
     stride_ot, stride_oh, stride_qt, stride_qh,
@@ -207,7 +207,7 @@ def _decode_kernel(
             tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_splits", *_STEP_SHAPED[1:]])
+@triton.jit(do_not_specialize=["num_splits", *_SPLIT_STRIDES])
 def _combine_kernel(
     Out, PartOut, PartLse, QueryStart,
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
