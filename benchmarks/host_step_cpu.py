@@ -1,0 +1,117 @@
+"""The engine's host work per decode step, on a CPU: the model pass is replaced by nothing
+(what the graph runner does on the host, ``host_batch``, still runs) and sampling by random
+tokens, so a step costs only scheduling, input building, bookkeeping, detokenisation and
+outputs, the part that must stay below the GPU's step time for the device never to wait.
+
+    python benchmarks/host_step_cpu.py [--rows 256] [--steps 300] [--no-detokenize]
+    python benchmarks/host_step_cpu.py --profile spy.txt   # py-spy (raw) of the measured steps
+
+Needs a checkpoint folder with a tokenizer (``--model``, default: the tiny one this script
+writes into ``.cache/host-step-ckpt``: llama shapes shrunk to 2 layers, SmolLM2's tokenizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infer import LLM, SamplingParams
+from infer.attention.metadata import host_batch
+from infer.bench.checkpoint import write_checkpoint
+from infer.engine import runner as runner_module
+from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
+from infer.engine.sampler import SamplerOutput
+from infer.heap import frozen_heap
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 49152}  # fmt: skip
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    """llama-3.2-3b's config shrunk to a few parameters, with SmolLM2's tokenizer."""
+    write_checkpoint(folder, "llama-3.2-3b")
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("hidden_size") != TINY["hidden_size"]:
+        config.update(TINY)
+        config.pop("bos_token_id", None)
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def null_model(llm: LLM, max_rows: int) -> None:
+    """No model pass (the graph runner's host part only), random tokens for samples."""
+    runner = llm.engine.runner
+    block_size = llm.engine.pool.block_size
+    width = llm.engine.max_seq_len // block_size
+
+    def run_model(step: StepInputs, input_ids: torch.Tensor | None) -> torch.Tensor:
+        if step.num_tokens <= max_rows:
+            host_batch(step.sequences, block_size, max_rows, width, max_rows)
+        return torch.empty(0)
+
+    def sample(forwarded: ForwardedStep, bitmask: object = None) -> LaunchedStep:
+        tokens = torch.randint(1000, 40000, (len(forwarded.requests),))
+        return runner_module._copy_to_host(SamplerOutput(tokens), forwarded.requests)
+
+    runner.run_model = run_model  # type: ignore[method-assign]
+    runner.sample = sample  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--no-detokenize", action="store_true")
+    parser.add_argument("--profile", type=Path, help="py-spy raw samples of the measured part")
+    args = parser.parse_args()
+    model = args.model or tiny_checkpoint(Path(".cache/host-step-ckpt"))
+    llm = LLM(str(model), load_format="dummy", max_seq_len=4096, device="cpu",
+              max_batch_size=args.rows)  # fmt: skip
+    null_model(llm, args.rows)
+    engine = llm.engine
+    rng = random.Random(0)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=3500, ignore_eos=True, detokenize=not args.no_detokenize
+    )
+    for i in range(args.rows):
+        prompt = [rng.randrange(1000, 40000) for _ in range(rng.randint(128, 384))]
+        engine.add_request(prompt, params, f"r{i}")
+    for _ in range(20):  # prompts done, every row decoding
+        engine.step()
+    spy = None
+    if args.profile is not None:
+        command = ["py-spy", "record", "-p", str(os.getpid()), "-r", "400", "-f", "raw"]
+        spy = subprocess.Popen([*command, "-o", str(args.profile), "--nonblocking"])
+        time.sleep(1.0)
+    times: list[float] = []
+    with frozen_heap():  # as in the benchmarks and the server
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait()
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "detokenize": not args.no_detokenize,
+        "host_ms_per_step_p50": round(1000 * statistics.median(times), 3),
+        "host_ms_per_step_mean": round(1000 * statistics.fmean(times), 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

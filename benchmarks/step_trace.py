@@ -1,0 +1,139 @@
+"""A timeline of the engine's steps, for finding where a run's time goes (diagnosis only).
+
+``trace_engine(engine, path)`` wraps the engine's scheduler and runner methods in place and
+appends one JSON line per call to ``path``: the method, its start and end
+(``time.perf_counter``, comparable across the processes of one machine) and what it handled
+(chunks, tokens, prompt tokens, rows that sample, graph or eager). ``summarize(path)`` turns
+such a file into per-phase totals and the steps' shapes over time.
+
+    engine = LLM(...).engine;  trace_engine(engine, Path("trace.jsonl"))
+    python benchmarks/step_trace.py trace.jsonl [--from S --to S]   # the summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from infer.engine.engine import Engine
+from infer.engine.scheduler import SchedulerOutput
+
+
+def _shape(out: SchedulerOutput | None) -> dict[str, Any]:
+    if out is None:
+        return {"chunks": 0}
+    prompt = sum(c.num_tokens for c in out.chunks if c.num_tokens > 1)
+    return {
+        "chunks": len(out.chunks),
+        "tokens": out.num_tokens,
+        "prompt_tokens": prompt,
+        "samples": len(out.chunks_that_sample()),
+        "fed": len(out.fed_rows),
+    }
+
+
+class _Writer:
+    def __init__(self, path: Path) -> None:
+        self.file: TextIO = path.open("a")
+
+    def write(self, name: str, start: float, end: float, info: dict[str, Any]) -> None:
+        self.file.write(json.dumps({"ev": name, "t0": start, "t1": end, **info}) + "\n")
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _wrap(
+    owner: Any,
+    name: str,
+    writer: _Writer,
+    info: Callable[[tuple[Any, ...], Any], dict[str, Any]],
+    flush: bool = False,
+) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = original(*args, **kwargs)
+        writer.write(name, start, time.perf_counter(), info(args, result))
+        if flush:
+            writer.flush()
+        return result
+
+    setattr(owner, name, traced)
+
+
+def trace_engine(engine: Engine, path: Path) -> None:
+    """Record every step's phases of ``engine`` into ``path`` (JSON lines, appended)."""
+    writer = _Writer(path)
+    none: Callable[[tuple[Any, ...], Any], dict[str, Any]] = lambda args, result: {}
+    _wrap(engine.scheduler, "schedule", writer, lambda a, r: _shape(r))
+    _wrap(engine.scheduler, "schedule_ahead", writer, lambda a, r: _shape(r))
+    _wrap(engine.scheduler, "update", writer, lambda a, r: {"tokens": len(r)})
+    _wrap(engine.runner, "forward", writer, lambda a, r: _shape(a[0]))
+    _wrap(engine.runner, "sample", writer, lambda a, r: {"rows": len(a[0].requests)})
+    _wrap(engine.runner, "collect", writer, none)
+    if engine.runner.graphs is not None:
+        _wrap(engine.runner.graphs, "run", writer, lambda a, r: {"graph": r is not None})
+    _wrap(engine, "add_request", writer, lambda a, r: {"prompt": len(a[0])})
+    _wrap(
+        engine,
+        "step",
+        writer,
+        lambda a, r: {
+            "outputs": len(r),
+            "running": engine.num_running,
+            "waiting": engine.num_waiting,
+        },
+        flush=True,
+    )
+
+
+def summarize(path: Path, start: float | None = None, end: float | None = None) -> None:
+    """Print the time spent per phase and the steps' shapes between ``start`` and ``end``
+    (seconds from the first event)."""
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not events:
+        print("no events")
+        return
+    origin = min(e["t0"] for e in events)
+    lo = origin + (start or 0.0)
+    hi = origin + end if end is not None else float("inf")
+    events = [e for e in events if lo <= e["t0"] <= hi]
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        totals[e["ev"]] += e["t1"] - e["t0"]
+        counts[e["ev"]] += 1
+    span = max(e["t1"] for e in events) - min(e["t0"] for e in events)
+    print(f"{path}: {len(events)} events over {span:.3f} s")
+    for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(
+            f"  {name:15s} {counts[name]:6d} calls  {1000 * seconds:9.1f} ms  "
+            f"{1000 * seconds / counts[name]:7.3f} ms/call"
+        )
+    print("\n  t (ms)   event           ms      what")
+    for e in events:
+        what = {k: v for k, v in e.items() if k not in ("ev", "t0", "t1")}
+        at, took = 1000 * (e["t0"] - origin), 1000 * (e["t1"] - e["t0"])
+        print(f"  {at:8.1f} {e['ev']:15s} {took:7.2f}  {what}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--from", dest="start", type=float, help="seconds from the first event")
+    parser.add_argument("--to", dest="end", type=float)
+    args = parser.parse_args()
+    summarize(args.trace, args.start, args.end)
+
+
+if __name__ == "__main__":
+    main()
