@@ -109,13 +109,10 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: RustTokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-        self.text = ""
 
     def add(self, token_id: int) -> str:
         """Append one token; returns the newly completed text (may be empty)."""
-        delta = self._stream.step(self._tokenizer, token_id) or ""
-        self.text += delta
-        return delta
+        return self._stream.step(self._tokenizer, token_id) or ""
 
 
 def _end_of_turn_ids(hf: PreTrainedTokenizerBase) -> list[int]:

@@ -158,10 +158,10 @@ class PagedKVCachePool:
         full = self.seq_lens[seq_id] // self.block_size
         if full <= indexed:
             return
-        if len(keys) < full:
+        if len(keys) < full:  # hash only the blocks that filled since (not the whole prefix)
             parent = keys[-1] if keys else b""
-            end = full * self.block_size
-            keys += block_keys(token_ids[:end], self.block_size, len(keys), parent)
+            new_tokens = token_ids[len(keys) * self.block_size : full * self.block_size]
+            keys += block_keys(new_tokens, self.block_size, 0, parent)
         table = self.page_tables[seq_id]
         for i in range(indexed, full):
             if self.prefix.insert(keys[i], table[i]):

@@ -49,7 +49,8 @@ def _releasable_text(request: Request) -> str:
 def request_output(
     request: Request, new_ids: list[int], new_logprobs: list[TokenLogprob], new_text: str
 ) -> RequestOutput:
-    """What a step reports for a request; totals and timings once it has finished."""
+    """What a step reports for a request; totals and timings once it has finished (a
+    running request's would cost a copy of its whole output every step)."""
     done = request.is_finished
     start = request.arrival_time
     return RequestOutput(
@@ -58,7 +59,7 @@ def request_output(
         new_token_ids=new_ids,
         new_text=new_text,
         token_ids=request.output_token_ids if done else [],
-        text=request.text[: request.emitted_text_len],
+        text=request.text[: request.emitted_text_len] if done else "",
         finished=done,
         finish_reason=request.finish_reason,
         error=request.error,

@@ -96,14 +96,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
-    @property
-    def sampling_step(self) -> int:
-        """Which output the step being launched samples (0: the first). It counts the
-        samples still on the device, so a seed draws the same noise for the same output
-        whether or not the step was scheduled ahead."""
-        earlier_on_device = max(self.num_placeholders - 1, 0)  # the last is this step's
-        return self.num_output_tokens + earlier_on_device
-
     def reaches_length(self, num_tokens: int, max_seq_len: int) -> bool:
         """Whether ``num_tokens`` in all are as many as ``max_tokens`` or the context allow."""
         limit = self.params.max_tokens
@@ -119,7 +111,8 @@ class Request:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """A request's progress after a step: the new tokens/text, and the totals so far."""
+    """A request's progress after a step: the new tokens and text; the totals (``token_ids``,
+    ``text``, ``logprobs``, timings) once it has finished."""
 
     request_id: str
     prompt_token_ids: list[int]
