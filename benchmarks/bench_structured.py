@@ -6,8 +6,8 @@ against the same requests free, in one process (issue 17).
 ``DIR`` is a checkpoint directory with a tokenizer (``bench_serving_vs_vllm.py --phases
 prepare`` writes dummy llama-3.2-3b with SmolLM2's tokenizer); weights are dummy. The
 constrained run's requests stop where their JSON ends, so both runs report output tokens
-per second, and the constrained one also the host time spent filling token masks per step
-(``structured.fill_bitmask``, timed around each call).
+per second, and the constrained one also, per step, how long llguidance took to fill the
+token masks and how long sampling waited for them (``structured.Bitmask``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from infer import LLM, SamplingParams
 from infer.bench.workloads import make_workload
-from infer.engine import sampler
+from infer.engine import structured
 from infer.engine.sampling_params import StructuredOutputsParams
 
 SCHEMA: dict[str, Any] = {
@@ -40,25 +40,31 @@ SCHEMA: dict[str, Any] = {
 
 
 class MaskTimer:
-    """Wraps the sampler's bitmask fill and records how long each call takes."""
+    """Records, for every step's masks, how long llguidance took to fill them and how long
+    sampling then waited for them (the part of the fill the host's other work did not
+    hide)."""
 
     def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._fill = sampler.fill_bitmask
+        self.fill_s: list[float] = []
+        self.wait_s: list[float] = []
+        self._result = structured.Bitmask.result
 
     def __enter__(self) -> MaskTimer:
-        def timed(*args: Any, **kwargs: Any) -> Any:
+        timer, result = self, self._result
+
+        def timed(bitmask: structured.Bitmask) -> Any:
             start = time.perf_counter()
             try:
-                return self._fill(*args, **kwargs)
+                return result(bitmask)
             finally:
-                self.seconds.append(time.perf_counter() - start)
+                timer.wait_s.append(time.perf_counter() - start)
+                timer.fill_s.append(bitmask.fill_s)
 
-        sampler.fill_bitmask = timed
+        structured.Bitmask.result = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *_: object) -> None:
-        sampler.fill_bitmask = self._fill
+        structured.Bitmask.result = self._result  # type: ignore[method-assign]
 
 
 def run(
@@ -93,12 +99,23 @@ def run(
     return summary, lengths
 
 
+def _stats(name: str, seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {}
+    return {
+        f"{name}_mean": 1000 * sum(seconds) / len(seconds),
+        f"{name}_p50": 1000 * seconds[len(seconds) // 2],
+        f"{name}_p99": 1000 * seconds[int(len(seconds) * 0.99)],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--output", type=Path)
     parser.add_argument("--num-requests", type=int, help="scale burst256 (a quick check)")
     parser.add_argument("--max-tokens", type=int, help="cap each request's output")
+    parser.add_argument("--trace", type=Path, help="record the measured runs' steps here")
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy")
     tokenizer = llm.engine.tokenizer
@@ -118,12 +135,16 @@ def main() -> None:
         for limit in limits
     ]
     run(llm, prompts[:8], constrained[:8])  # compile the grammar, warm the path
+    if args.trace is not None:
+        from step_trace import trace_engine  # beside this script
+
+        trace_engine(llm.engine, args.trace)
     with MaskTimer() as masks:
         schema_run, lengths = run(llm, prompts, constrained)
     # The free run produces as many tokens per request as the constrained one did.
     free = [SamplingParams(temperature=0.0, max_tokens=max(n, 1), ignore_eos=True) for n in lengths]
     free_run, _ = run(llm, prompts, free)
-    fills = sorted(masks.seconds)
+    fills, waits = sorted(masks.fill_s), sorted(masks.wait_s)
     report = {
         "model": args.model,
         "workload": "burst256",
@@ -131,9 +152,8 @@ def main() -> None:
         "json_schema": schema_run,
         "schema_vs_free": schema_run["output_tok_s"] / free_run["output_tok_s"],
         "mask_fill_calls": len(fills),
-        "mask_fill_ms_mean": 1000 * sum(fills) / max(len(fills), 1),
-        "mask_fill_ms_p50": 1000 * fills[len(fills) // 2] if fills else 0.0,
-        "mask_fill_ms_p99": 1000 * fills[int(len(fills) * 0.99)] if fills else 0.0,
+        **_stats("mask_fill_ms", fills),
+        **_stats("mask_wait_ms", waits),
     }
     text = json.dumps(report, indent=2)
     if args.output is not None:

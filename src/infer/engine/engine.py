@@ -22,8 +22,8 @@ from infer.engine.rank import build_rank
 from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.structured import StructuredOutputs
+from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
+from infer.engine.structured import Bitmask, StructuredOutputs, start_bitmask
 from infer.loader import ModelSource, resolve_model
 from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
@@ -43,13 +43,12 @@ class Inflight:
 
 
 @dataclass
-class Ahead:
-    """A step scheduled ahead of the one in flight. ``sample_later``: only its forward pass
-    is queued (``forwarded``); its sampling waits for the previous step's tokens on the host."""
+class Deferred:
+    """A step queued behind the one in flight whose sampling reads that step's tokens (a
+    grammar's mask, penalties): its forward pass is queued, its sampling waits for them."""
 
     scheduled: SchedulerOutput
-    forwarded: ForwardedStep | None = None
-    sample_later: bool = False
+    forwarded: ForwardedStep | None
 
 
 class Engine:
@@ -80,6 +79,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self._inflight: Inflight | None = None
+        self._deferred: Deferred | None = None
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._seeds = random.Random(config.seed)
@@ -152,7 +152,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work() or self._inflight is not None
+        return self.scheduler.has_work() or self._inflight is not None or self._deferred is not None
 
     @property
     def num_running(self) -> int:
@@ -171,12 +171,17 @@ class Engine:
         one's tokens are collected (its rows that sampled here take their tokens on the
         device), so the host's bookkeeping overlaps the device's work and the device never
         waits between steps; the next call collects it. When its sampling reads the output so
-        far on the host (a grammar's mask, penalties), only its forward pass is queued ahead,
-        and its sampling once this step's tokens are known.
+        far on the host (a grammar's mask, penalties), only its forward pass is queued ahead
+        (``Deferred``); once this step's tokens are collected, llguidance fills its masks
+        while the host records the tokens and schedules the step after it, then it is
+        sampled and the step after it queued behind.
         """
         outputs: list[RequestOutput] = []
         current, self._inflight = self._inflight, None
+        deferred, self._deferred = self._deferred, None
         involved = [] if current is None else current.scheduled.requests()
+        if deferred is not None:
+            involved += deferred.scheduled.requests()
         try:
             if current is None:
                 scheduled = self.scheduler.schedule()
@@ -185,46 +190,97 @@ class Engine:
                     return outputs
                 involved = scheduled.requests()
                 current = self._launch(scheduled)
-            ahead = self._launch_ahead(current, involved)
-            if ahead is not None:
-                outputs += [self._output(r) for r in ahead.scheduled.failed]
+            if deferred is None:
+                deferred = self._launch_ahead(current, involved, outputs)
             result = self.runner.collect(current.launched)
+            bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
                 outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
-            if ahead is not None and ahead.sample_later:  # the tokens it reads are known now
-                sampled = None if ahead.forwarded is None else self.runner.sample(ahead.forwarded)
-                self._inflight = Inflight(ahead.scheduled, sampled)
+            if deferred is not None:  # the tokens its sampling reads are known now
+                self._sample_deferred(deferred, bitmask, involved, outputs)
         except WorkerDiedError:  # no step can run any more
             raise
         except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
-            self._inflight = None
+            self._inflight = self._deferred = None
             failed = self.scheduler.recover(involved, f"{type(exc).__name__}: {exc}")
             outputs += [self._output(r) for r in failed]
         self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
 
-    def _launch_ahead(self, current: Inflight, involved: list[Request]) -> Ahead | None:
+    def _launch_ahead(
+        self, current: Inflight, involved: list[Request], outputs: list[RequestOutput]
+    ) -> Deferred | None:
         """With async scheduling, launch the step that follows ``current`` (it becomes the
-        step in flight); where its sampling reads the output so far (a grammar's mask,
-        penalties), queue only its forward pass, to sample later. Its requests join
-        ``involved`` (the requests a failure of this step concerns)."""
+        step in flight), or only its forward pass when its sampling reads the output so far
+        (returned, to be sampled once ``current``'s tokens are known). Its requests join
+        ``involved`` (those a failure of this step concerns)."""
         if not self.config.use_async_scheduling:
             return None
-        scheduled = self.scheduler.schedule_ahead(current.scheduled)
+        scheduled = self._schedule_after(current.scheduled, involved, outputs)
+        if scheduled is None:
+            return None
+        if any(r.params.needs_output_tokens for r in scheduled.requests()):
+            return self._defer(scheduled, current.launched)
+        self._inflight = self._launch(scheduled, current.launched)
+        return None
+
+    def _sample_deferred(
+        self,
+        deferred: Deferred,
+        bitmask: Bitmask | None,
+        involved: list[Request],
+        outputs: list[RequestOutput],
+    ) -> None:
+        """Sample the deferred step (it becomes the step in flight). While constrained or
+        penalised rows go on, the step after it is scheduled first, as its masks fill, and
+        its forward pass queued behind the sampling: deferred in turn."""
+        after = None
+        if self.config.use_async_scheduling and any(
+            r.params.needs_output_tokens for r in deferred.scheduled.requests()
+        ):
+            after = self._schedule_after(deferred.scheduled, involved, outputs)
+        sampled = None
+        if deferred.forwarded is not None:
+            sampled = self.runner.sample(deferred.forwarded, bitmask)
+        self._inflight = Inflight(deferred.scheduled, sampled)
+        if after is not None:
+            self._deferred = self._defer(after, sampled)
+
+    def _schedule_after(
+        self, previous: SchedulerOutput, involved: list[Request], outputs: list[RequestOutput]
+    ) -> SchedulerOutput | None:
+        """The step after ``previous`` (in flight), None when there is none to run ahead;
+        admissions that failed are reported in ``outputs``."""
+        scheduled = self.scheduler.schedule_ahead(previous)
         if scheduled is None:
             return None
         involved += scheduled.requests()
-        if not scheduled.chunks:  # only admissions that failed
-            return Ahead(scheduled)
-        if any(r.params.needs_output_tokens for r in scheduled.requests()):
-            self._count_prompt_tokens(scheduled)
-            forwarded = self.runner.forward(scheduled, current.launched)
-            return Ahead(scheduled, forwarded, sample_later=True)
-        self._inflight = self._launch(scheduled, current.launched)
-        return Ahead(scheduled)
+        outputs += [self._output(r) for r in scheduled.failed]
+        return scheduled if scheduled.chunks else None
+
+    def _defer(self, scheduled: SchedulerOutput, previous: LaunchedStep | None) -> Deferred:
+        """Queue only the step's forward pass (behind ``previous``)."""
+        self._count_prompt_tokens(scheduled)
+        return Deferred(scheduled, self.runner.forward(scheduled, previous))
+
+    def _start_bitmask(
+        self, deferred: Deferred, current: Inflight, result: StepResult
+    ) -> Bitmask | None:
+        """Start filling the deferred step's grammar masks, from the tokens just collected
+        (the matchers consume them before ``update`` records them)."""
+        if deferred.forwarded is None:
+            return None
+        sampled = current.scheduled.chunks_that_sample()
+        pending = {
+            c.request.request_id: token
+            for c, token in zip(sampled, result.token_ids)
+            if c.request.grammar is not None
+        }
+        requests = deferred.forwarded.requests
+        return start_bitmask(requests, self.runner.vocab_size, self.device, pending)
 
     def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
         """Queue a step on the device; its samples stay there until collected."""

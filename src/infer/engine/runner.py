@@ -28,6 +28,7 @@ from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
+from infer.engine.structured import Bitmask
 from infer.models import DecoderModel
 
 
@@ -50,6 +51,7 @@ class ForwardedStep:
 
     requests: list[Request]  # the rows that sample, in order
     logits: Tensor  # [B, V] on the device
+    output_indices: list[int]  # which output of its request each row samples
 
 
 @dataclass
@@ -133,22 +135,26 @@ class ModelRunner:
             if input_ids is not None:
                 self.group.broadcast_tensor(input_ids)
         logits = self.run_model(step, input_ids)
-        sampling = [c.request for c in chunks if c.samples]
+        sampling = scheduled.chunks_that_sample()
         if not sampling:
             return None
-        return ForwardedStep(sampling, logits)
+        return ForwardedStep(
+            [c.request for c in sampling], logits, [c.output_index for c in sampling]
+        )
 
     @torch.inference_mode()
-    def sample(self, forwarded: ForwardedStep) -> LaunchedStep:
+    def sample(self, forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
         """Queue the sampling of a forwarded step and the copy of its samples to the host;
-        the settings (a grammar's mask included) are read from the requests now."""
+        the settings are read from the requests now, the grammars' masks too unless their
+        filling was started earlier (``bitmask``)."""
         sampling, logits = forwarded.requests, forwarded.logits
         if all(r.plain_greedy for r in sampling):
             out = SamplerOutput(logits.argmax(dim=-1))
         else:
-            out = sample(
-                logits, SamplingBatch.from_requests(sampling, self.vocab_size, self.device)
+            batch = SamplingBatch.from_requests(
+                sampling, self.vocab_size, self.device, bitmask, forwarded.output_indices
             )
+            out = sample(logits, batch)
         return _copy_to_host(out, sampling)
 
     def _fed_input_ids(

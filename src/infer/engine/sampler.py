@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from infer.engine.request import Request
-from infer.engine.structured import fill_bitmask
+from infer.engine.structured import Bitmask, start_bitmask
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
@@ -60,15 +60,29 @@ class SamplingBatch:
 
     @classmethod
     def from_requests(
-        cls, requests: list[Request], vocab_size: int, device: torch.device
+        cls,
+        requests: list[Request],
+        vocab_size: int,
+        device: torch.device,
+        bitmask: Bitmask | None = None,
+        output_indices: list[int] | None = None,
     ) -> SamplingBatch:
+        """``bitmask``: the constrained rows' masks, when their filling was started earlier
+        (``structured.start_bitmask``); otherwise they are filled now. ``output_indices``:
+        which output each row samples (a seeded row's noise and ``min_tokens`` follow it;
+        default: the one after its known outputs)."""
         params = [r.params for r in requests]
+        if output_indices is None:
+            output_indices = [r.num_output_tokens for r in requests]
         floats = torch.tensor(
             [[p.temperature, p.top_p, p.min_p] for p in params], dtype=torch.float32
         ).to(device, non_blocking=True)
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         ints = torch.tensor(
-            [[k, r.seed & (2**63 - 1), r.sampling_step] for k, r in zip(top_k, requests)],
+            [
+                [k, r.seed & (2**63 - 1), index]
+                for k, r, index in zip(top_k, requests, output_indices)
+            ],
             dtype=torch.int64,
         ).to(device, non_blocking=True)
         temperature = floats[:, 0]
@@ -87,8 +101,8 @@ class SamplingBatch:
             use_min_p=any(p.min_p > 0.0 for p in params),
             penalties=_Penalties.build(requests, vocab_size, device),
             bias=_LogitBias.build(requests, device),
-            banned=_banned_tokens(requests, device),
-            allowed=_TokenBitmask.build(requests, vocab_size, device),
+            banned=_banned_tokens(requests, output_indices, device),
+            allowed=_TokenBitmask.build(requests, vocab_size, device, bitmask),
             num_logprobs=max(requested) if requested else None,
         )
 
@@ -171,18 +185,23 @@ class _LogitBias:
 @dataclass
 class _TokenBitmask:
     """The tokens each constrained row's grammar allows next, one bit per token (filled on
-    the host by ``structured.fill_bitmask``); the others are set to -inf."""
+    the host by ``structured.start_bitmask``); the others are set to -inf."""
 
     rows: Tensor | None  # [R] int64; None: every row of the batch, in order
     bits: Tensor  # [R, ceil(V / 32)] int32
 
     @classmethod
     def build(
-        cls, requests: list[Request], vocab_size: int, device: torch.device
+        cls,
+        requests: list[Request],
+        vocab_size: int,
+        device: torch.device,
+        started: Bitmask | None = None,
     ) -> _TokenBitmask | None:
-        filled = fill_bitmask(requests, vocab_size, device)
-        if filled is None:
+        started = started or start_bitmask(requests, vocab_size, device)
+        if started is None:
             return None
+        filled = started.result()
         rows, bits = filled
         index = None
         if len(rows) < len(requests):
@@ -209,12 +228,14 @@ def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
     return table.to(device)
 
 
-def _banned_tokens(requests: list[Request], device: torch.device) -> tuple[Tensor, Tensor] | None:
+def _banned_tokens(
+    requests: list[Request], output_indices: list[int], device: torch.device
+) -> tuple[Tensor, Tensor] | None:
     """Stop tokens of rows that have not reached ``min_tokens`` yet."""
     rows: list[int] = []
     tokens: list[int] = []
-    for i, r in enumerate(requests):
-        if r.sampling_step < r.params.min_tokens:
+    for i, (r, index) in enumerate(zip(requests, output_indices)):
+        if index < r.params.min_tokens:
             stops = set(r.params.stop_token_ids) | (
                 set() if r.params.ignore_eos else set(r.eos_token_ids)
             )

@@ -55,6 +55,13 @@ class ScheduledChunk:
     num_tokens: int
     samples: bool
 
+    @property
+    def output_index(self) -> int:
+        """Which output a chunk that samples samples (0: the first), fixed when it is
+        scheduled: a seed draws the same noise for the same output whether or not the step
+        was scheduled ahead, and however many samples are on the device."""
+        return self.start + self.num_tokens - self.request.num_prompt_tokens
+
 
 @dataclass
 class SchedulerOutput:

@@ -12,12 +12,13 @@ dependencies.
   thread, and caches it; every constrained request gets its own copy of the compiled
   matcher (``RequestGrammar``). The scheduler admits a request once its grammar is ready
   (``next_admissible``); nobody else waits for it.
-- ``fill_bitmask`` runs when a step's sampling batch is built, after the forward pass was
-  queued, so on a GPU the host fills the masks while the device computes the logits (for a
-  step scheduled ahead, once the previous step's tokens are known: ``Engine.step``). Each
-  matcher first consumes the request's output tokens it has not seen; a preempted request
-  keeps its output tokens, so its matcher stays valid. Requests without a constraint cost
-  nothing: no mask is built when no row has one.
+- ``start_bitmask`` starts filling a step's masks in llguidance's threads (the GIL
+  released) after its forward pass was queued: for a step scheduled ahead, as soon as the
+  previous step's tokens reach the host, and the engine records those tokens and schedules
+  the next step meanwhile (``Engine.step``); the sampler waits for the masks. Each matcher
+  first consumes the request's output tokens it has not seen; a preempted request keeps its
+  output tokens, so its matcher stays valid. Requests without a constraint cost nothing: no
+  mask is built when no row has one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -141,19 +144,22 @@ class RequestGrammar:
         exc = self._compiled.exception()
         return None if exc is None else str(exc)
 
-    def advance(self, output_token_ids: list[int]) -> LLMatcher:
-        """The matcher in the state after ``output_token_ids`` (all known, none pending)."""
+    def advance(self, output_token_ids: list[int], pending: int | None = None) -> LLMatcher:
+        """The matcher in the state after ``output_token_ids`` and ``pending`` (a token
+        sampled for the request that the host has not recorded yet)."""
         if self._matcher is None:
             self._matcher = self._compiled.result().deep_copy()
         matcher = self._matcher
-        count = len(output_token_ids)
+        count = len(output_token_ids) + (pending is not None)
         if count < self._consumed:  # tokens were taken back: the matcher follows
             matcher.rollback(self._consumed - count)
-        elif count > self._consumed and not matcher.consume_tokens(
-            output_token_ids[self._consumed :]
-        ):
-            # Only the end of sequence is allowed from now on, so the request stops.
-            logger.warning("a sampled token broke its grammar: %s", matcher.get_error())
+        elif count > self._consumed:
+            new = output_token_ids[self._consumed :]
+            if pending is not None:
+                new.append(pending)
+            if not matcher.consume_tokens(new):
+                # Only the end of sequence is allowed from now on, so the request stops.
+                logger.warning("a sampled token broke its grammar: %s", matcher.get_error())
         self._consumed = count
         return matcher
 
@@ -245,26 +251,64 @@ def _executor() -> LLExecutor:
     return LLExecutor()
 
 
-def fill_bitmask(
-    requests: list[Request], vocab_size: int, device: torch.device
-) -> tuple[list[int], Tensor] | None:
-    """The token bitmasks of a step's constrained rows: their indices and ``[R,
-    ceil(vocab_size / 32)]`` int32 words on the host (bit ``t % 32`` of word ``t // 32`` set:
-    token ``t`` allowed), or None when no row is constrained. Pinned for a CUDA device, so
-    their copy does not wait. A row whose request has finished meanwhile (its sampling was
-    deferred, ``Engine.step``) gets no mask: its token will be dropped."""
+@functools.cache
+def _filler() -> ThreadPoolExecutor:
+    """The thread that waits on llguidance's (the GIL released) while the step goes on."""
+    return ThreadPoolExecutor(1, thread_name_prefix="infer-bitmask")
+
+
+class Bitmask:
+    """A step's token bitmasks, filled in the background: the constrained rows' indices and
+    ``[R, ceil(vocab_size / 32)]`` int32 words on the host (bit ``t % 32`` of word ``t //
+    32`` set: token ``t`` allowed), pinned for a CUDA device so their copy does not wait."""
+
+    def __init__(self, rows: list[int], bits: Tensor, filled: Future[float]) -> None:
+        self.rows = rows
+        self._bits = bits
+        self._filled = filled
+
+    def result(self) -> tuple[list[int], Tensor]:
+        """The rows and their masks, once filled."""
+        self._filled.result()
+        return self.rows, self._bits
+
+    @property
+    def fill_s(self) -> float:
+        """How long llguidance took to fill them (seconds; once filled)."""
+        return self._filled.result()
+
+
+def start_bitmask(
+    requests: list[Request],
+    vocab_size: int,
+    device: torch.device,
+    pending: Mapping[str, int] | None = None,
+) -> Bitmask | None:
+    """Start filling the masks of a step's constrained rows (None when no row is): each
+    matcher first consumes the request's output tokens it has not seen, and ``pending``
+    (request id → a token sampled for it that the host has not recorded yet), then
+    llguidance's threads fill the masks while the caller goes on. A row whose request has
+    finished (its sampling was deferred, ``Engine.step``) gets no mask: its token will be
+    dropped."""
     rows = [i for i, r in enumerate(requests) if r.grammar is not None and not r.is_finished]
     if not rows:
         return None
+    pending = pending or {}
     words = (vocab_size + 31) // 32
     bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
     matchers = []
     for k, i in enumerate(rows):
-        grammar = requests[i].grammar
-        assert grammar is not None
-        matchers.append((grammar.advance(requests[i].output_token_ids), k))
-    if len(matchers) == 1:
-        matchers[0][0].unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
-    else:
-        _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
-    return rows, bits
+        request = requests[i]
+        assert request.grammar is not None
+        matcher = request.grammar.advance(request.output_token_ids, pending.get(request.request_id))
+        matchers.append((matcher, k))
+
+    def fill() -> float:
+        start = time.perf_counter()
+        if len(matchers) == 1:
+            matchers[0][0].unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
+        else:
+            _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
+        return time.perf_counter() - start
+
+    return Bitmask(rows, bits, _filler().submit(fill))

@@ -21,9 +21,9 @@ from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.structured import (
     RequestGrammar,
     StructuredOutputs,
-    fill_bitmask,
     grammar_for,
     next_admissible,
+    start_bitmask,
 )
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
@@ -142,9 +142,9 @@ def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> 
     grammars.attach(done)
     done.finish("stop")
     requests.append(done)
-    filled = fill_bitmask(requests, 49152, torch.device("cpu"))
-    assert filled is not None
-    rows, bits = filled
+    started = start_bitmask(requests, 49152, torch.device("cpu"))
+    assert started is not None
+    rows, bits = started.result()
     assert rows == [1, 2, 3, 4]
     for k, i in enumerate(rows):
         grammar = requests[i].grammar
@@ -154,6 +154,36 @@ def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> 
         alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
         assert torch.equal(bits[k], expected), requests[i].request_id
         assert bool((expected != -1).any())  # a real constraint
+
+
+def test_a_mask_started_before_its_token_is_recorded_is_the_mask_after_it(
+    tokenizer: Tokenizer,
+) -> None:
+    """The engine starts a step's masks with the tokens it has just collected, before
+    ``update`` records them: the matcher consumes the pending token, and when the token is
+    recorded it is not consumed twice."""
+    grammars = StructuredOutputs(tokenizer, 49152)
+    schema = CASES[0]["schema"]
+    output = tokenizer.hf.encode(json.dumps(CASES[0]["example"]), add_special_tokens=False)
+    early, late = (
+        _request(SamplingParams(structured_outputs=StructuredOutputsParams(json=schema)), name)
+        for name in ("early", "late")
+    )
+    for request in (early, late):
+        grammars.attach(request)
+        request.token_ids += output[:3]
+    device = torch.device("cpu")
+    started = start_bitmask([early], 49152, device, pending={"early": output[3]})
+    late.token_ids.append(output[3])
+    recorded = start_bitmask([late], 49152, device)
+    assert started is not None and recorded is not None
+    assert torch.equal(started.result()[1], recorded.result()[1])
+    early.token_ids.append(output[3])  # update records it: the next mask follows on
+    early.token_ids.append(output[4])
+    late.token_ids.append(output[4])
+    nxt, expected = start_bitmask([early], 49152, device), start_bitmask([late], 49152, device)
+    assert nxt is not None and expected is not None
+    assert torch.equal(nxt.result()[1], expected.result()[1])
 
 
 def test_the_finer_slices_give_the_default_slices_masks(tokenizer: Tokenizer) -> None:
