@@ -26,11 +26,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -144,24 +146,41 @@ class RequestGrammar:
         exc = self._compiled.exception()
         return None if exc is None else str(exc)
 
-    def advance(self, output_token_ids: list[int], pending: int | None = None) -> LLMatcher:
-        """The matcher in the state after ``output_token_ids`` and ``pending`` (a token
-        sampled for the request that the host has not recorded yet)."""
+    def catch_up(self, request: Request, pending: int | None = None) -> CatchUp:
+        """What the matcher must do to reach the state after the request's output tokens and
+        ``pending`` (a token sampled for it that the host has not recorded yet); counted as
+        done (``CatchUp.apply`` does it, before the matcher is next used)."""
         if self._matcher is None:
             self._matcher = self._compiled.result().deep_copy()
-        matcher = self._matcher
-        count = len(output_token_ids) + (pending is not None)
-        if count < self._consumed:  # tokens were taken back: the matcher follows
-            matcher.rollback(self._consumed - count)
-        elif count > self._consumed:
-            new = output_token_ids[self._consumed :]
+        count = request.num_output_tokens + (pending is not None)
+        catch_up = CatchUp(self._matcher, max(self._consumed - count, 0), [])
+        if count > self._consumed:  # only the new tokens: the output is not copied
+            catch_up.tokens = request.token_ids[request.num_prompt_tokens + self._consumed :]
             if pending is not None:
-                new.append(pending)
-            if not matcher.consume_tokens(new):
-                # Only the end of sequence is allowed from now on, so the request stops.
-                logger.warning("a sampled token broke its grammar: %s", matcher.get_error())
+                catch_up.tokens.append(pending)
         self._consumed = count
-        return matcher
+        return catch_up
+
+
+@dataclass
+class CatchUp:
+    """A matcher's way to a request's latest tokens: take back ``rollback`` tokens (taken
+    back from the request), then consume ``tokens``."""
+
+    matcher: LLMatcher
+    rollback: int
+    tokens: list[int]
+
+    def apply(self) -> None:
+        if self.rollback:
+            self.matcher.rollback(self.rollback)
+        if self.tokens and not self.matcher.consume_tokens(self.tokens):
+            _broken(self.matcher)
+
+
+def _broken(matcher: LLMatcher) -> None:
+    # Only the end of sequence is allowed from now on, so the request stops.
+    logger.warning("a sampled token broke its grammar: %s", matcher.get_error())
 
 
 class StructuredOutputs:
@@ -245,10 +264,19 @@ def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request |
     return None
 
 
+def grammar_threads() -> int:
+    """llguidance's mask-filling threads: ``INFER_GRAMMAR_THREADS``, or half the CPUs the
+    process may use (the engine's own thread keeps a core of its own while masks fill)."""
+    configured = os.environ.get("INFER_GRAMMAR_THREADS")
+    if configured:
+        return max(1, int(configured))
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 @functools.cache
 def _executor() -> LLExecutor:
     """llguidance's threads, filling several masks at once (made on first use)."""
-    return LLExecutor()
+    return LLExecutor(grammar_threads())
 
 
 @functools.cache
@@ -278,36 +306,51 @@ class Bitmask:
         return self._filled.result()
 
 
+def _catch_up(catch_ups: list[CatchUp]) -> None:
+    """Bring the matchers to their requests' tokens: the usual one new token each in
+    parallel (llguidance's threads), anything else one matcher at a time."""
+    singles = [c for c in catch_ups if len(c.tokens) == 1 and not c.rollback]
+    for c in catch_ups:
+        if len(c.tokens) != 1 or c.rollback:
+            c.apply()
+    if singles:
+        consumed = _executor().consume_token_par([(c.matcher, c.tokens[0]) for c in singles])
+        for c, ok in zip(singles, consumed):
+            if not ok:
+                _broken(c.matcher)
+
+
 def start_bitmask(
     requests: list[Request],
     vocab_size: int,
     device: torch.device,
     pending: Mapping[str, int] | None = None,
 ) -> Bitmask | None:
-    """Start filling the masks of a step's constrained rows (None when no row is): each
-    matcher first consumes the request's output tokens it has not seen, and ``pending``
-    (request id → a token sampled for it that the host has not recorded yet), then
-    llguidance's threads fill the masks while the caller goes on. A row whose request has
-    finished (its sampling was deferred, ``Engine.step``) gets no mask: its token will be
-    dropped."""
+    """Start filling the masks of a step's constrained rows (None when no row is): in the
+    background, each matcher first consumes the request's output tokens it has not seen,
+    and ``pending`` (request id → a token sampled for it that the host has not recorded
+    yet), then llguidance's threads fill the masks, while the caller goes on. A row whose
+    request has finished (its sampling was deferred, ``Engine.step``) gets no mask: its
+    token will be dropped."""
     rows = [i for i, r in enumerate(requests) if r.grammar is not None and not r.is_finished]
     if not rows:
         return None
     pending = pending or {}
     words = (vocab_size + 31) // 32
     bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
-    matchers = []
-    for k, i in enumerate(rows):
+    catch_ups = []
+    for i in rows:
         request = requests[i]
         assert request.grammar is not None
-        matcher = request.grammar.advance(request.output_token_ids, pending.get(request.request_id))
-        matchers.append((matcher, k))
+        catch_ups.append(request.grammar.catch_up(request, pending.get(request.request_id)))
 
     def fill() -> float:
         start = time.perf_counter()
-        if len(matchers) == 1:
-            matchers[0][0].unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
+        _catch_up(catch_ups)
+        if len(catch_ups) == 1:
+            catch_ups[0].matcher.unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
         else:
+            matchers = [(c.matcher, k) for k, c in enumerate(catch_ups)]
             _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
         return time.perf_counter() - start
 
