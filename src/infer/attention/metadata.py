@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from infer.host_to_device import to_device
 from infer.kernels.ragged_batch import RaggedBatch
 
 
@@ -107,7 +108,7 @@ def build_metadata(
             host.query_start_loc,
         ]
     )
-    dev = torch.from_numpy(packed).to(device, non_blocking=True)
+    dev = to_device(packed, device)
     tables_end = 3 * total + host.block_tables.size
     meta = AttentionMetadata(
         positions=dev[total : 2 * total],

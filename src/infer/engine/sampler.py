@@ -16,6 +16,7 @@ from torch import Tensor
 
 from infer.engine.request import Request
 from infer.engine.structured import Bitmask, start_bitmask
+from infer.host_to_device import to_device
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
@@ -74,17 +75,18 @@ class SamplingBatch:
         params = [r.params for r in requests]
         if output_indices is None:
             output_indices = [r.num_output_tokens for r in requests]
-        floats = torch.tensor(
-            [[p.temperature, p.top_p, p.min_p] for p in params], dtype=torch.float32
-        ).to(device, non_blocking=True)
+        floats = to_device(
+            [[p.temperature, p.top_p, p.min_p] for p in params], device, torch.float32
+        )
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        ints = torch.tensor(
+        ints = to_device(
             [
                 [k, r.seed & (2**63 - 1), index]
                 for k, r, index in zip(top_k, requests, output_indices)
             ],
-            dtype=torch.int64,
-        ).to(device, non_blocking=True)
+            device,
+            torch.int64,
+        )
         temperature = floats[:, 0]
         requested = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
@@ -121,13 +123,14 @@ class _Penalties:
     ) -> _Penalties | None:
         if not any(r.params.needs_penalties for r in requests):
             return None
-        values = torch.tensor(
+        values = to_device(
             [
                 [r.params.repetition_penalty, r.params.presence_penalty, r.params.frequency_penalty]
                 for r in requests
             ],
-            dtype=torch.float32,
-        ).to(device)
+            device,
+            torch.float32,
+        )
         outputs = _padded([r.output_token_ids for r in requests], vocab_size, device)
         prompts = _padded([r.prompt_token_ids for r in requests], vocab_size, device)
         counts = torch.zeros(len(requests), vocab_size + 1, device=device)
@@ -173,9 +176,9 @@ class _LogitBias:
         if not rows:
             return None
         return cls(
-            torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
-            torch.tensor(token_ids, dtype=torch.int64).to(device, non_blocking=True),
-            torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True),
+            to_device(rows, device, torch.int64),
+            to_device(token_ids, device, torch.int64),
+            to_device(values, device, torch.float32),
         )
 
     def apply(self, logits: Tensor) -> Tensor:
@@ -205,7 +208,7 @@ class _TokenBitmask:
         rows, bits = filled
         index = None
         if len(rows) < len(requests):
-            index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+            index = to_device(rows, device, torch.int64)
         return cls(index, bits.to(device, non_blocking=True))
 
     def apply(self, logits: Tensor) -> Tensor:
@@ -225,7 +228,7 @@ def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
     table = torch.full((len(rows), width), pad, dtype=torch.int64)
     for i, row in enumerate(rows):
         table[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
-    return table.to(device)
+    return to_device(table, device)
 
 
 def _banned_tokens(
@@ -243,7 +246,7 @@ def _banned_tokens(
             tokens.extend(stops)
     if not rows:
         return None
-    return (torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
+    return to_device(rows, device, torch.int64), to_device(tokens, device, torch.int64)
 
 
 @dataclass
