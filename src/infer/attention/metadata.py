@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from infer.host_to_device import to_device
 from infer.kernels.ragged_batch import RaggedBatch
 
 
@@ -108,7 +107,7 @@ def build_metadata(
             host.query_start_loc,
         ]
     )
-    dev = to_device(packed, device)
+    dev = torch.from_numpy(packed).to(device, non_blocking=True)
     tables_end = 3 * total + host.block_tables.size
     meta = AttentionMetadata(
         positions=dev[total : 2 * total],

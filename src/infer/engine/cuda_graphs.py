@@ -26,7 +26,6 @@ from torch import Tensor
 
 from infer.attention import AttentionMetadata, ScheduledSequence
 from infer.attention.metadata import host_batch
-from infer.host_to_device import to_device
 from infer.models import DecoderModel
 
 # A mixed graph's keys are split as for this many decode rows, not for all its rows (mostly
@@ -132,7 +131,7 @@ class CUDAGraphRunner:
             ]
         )
         staged = self._staging[: packed.size]
-        staged.copy_(to_device(packed, staged.device))
+        staged.copy_(torch.from_numpy(packed), non_blocking=True)
         ends = np.cumsum([tokens, tokens, tokens, rows, rows + 1])
         self.input_ids[:tokens].copy_(staged[: ends[0]])
         if input_ids is not None:

@@ -29,7 +29,6 @@ from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
 from infer.engine.structured import Bitmask
-from infer.host_to_device import to_device
 from infer.models import DecoderModel
 
 
@@ -164,14 +163,14 @@ class ModelRunner:
         """The step's input tokens on the device, the fed rows' (one token each) taken from
         the samples of the step in flight."""
         rows, picks = zip(*fed, strict=True)
-        picked = samples[to_device(picks, self.device, torch.int64)]
+        picked = samples[torch.tensor(picks, dtype=torch.int64).to(self.device, non_blocking=True)]
         if len(fed) == len(sequences):
             return picked  # every row fed (one token each), in order
         ends = _ends(sequences)
-        positions = to_device([ends[row] - 1 for row in rows], self.device, torch.int64)
-        host_ids = [t for s in sequences for t in s.token_ids]
-        input_ids = to_device(host_ids, self.device, torch.int64)
-        input_ids[positions] = picked
+        positions = torch.tensor([ends[row] - 1 for row in rows], dtype=torch.int64)
+        host_ids = torch.tensor([t for s in sequences for t in s.token_ids], dtype=torch.int64)
+        input_ids = host_ids.to(self.device, non_blocking=True)
+        input_ids[positions.to(self.device, non_blocking=True)] = picked
         return input_ids
 
     def collect(self, launched: LaunchedStep | None) -> StepResult:
@@ -207,7 +206,7 @@ class ModelRunner:
             return out
         ends = _ends(sequences)
         rows = [i if decode else ends[i] - 1 for i, keep in enumerate(samples) if keep]
-        index = to_device(rows, self.device, torch.int64)
+        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return out[index] if decode else self.model.compute_logits(out[index])
 
 

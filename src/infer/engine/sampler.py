@@ -16,7 +16,6 @@ from torch import Tensor
 
 from infer.engine.request import Request
 from infer.engine.structured import Bitmask, start_bitmask
-from infer.host_to_device import to_device
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
@@ -75,18 +74,17 @@ class SamplingBatch:
         params = [r.params for r in requests]
         if output_indices is None:
             output_indices = [r.num_output_tokens for r in requests]
-        floats = to_device(
-            [[p.temperature, p.top_p, p.min_p] for p in params], device, torch.float32
-        )
+        floats = torch.tensor(
+            [[p.temperature, p.top_p, p.min_p] for p in params], dtype=torch.float32
+        ).to(device, non_blocking=True)
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        ints = to_device(
+        ints = torch.tensor(
             [
                 [k, r.seed & (2**63 - 1), index]
                 for k, r, index in zip(top_k, requests, output_indices)
             ],
-            device,
-            torch.int64,
-        )
+            dtype=torch.int64,
+        ).to(device, non_blocking=True)
         temperature = floats[:, 0]
         requested = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
@@ -123,14 +121,13 @@ class _Penalties:
     ) -> _Penalties | None:
         if not any(r.params.needs_penalties for r in requests):
             return None
-        values = to_device(
+        values = torch.tensor(
             [
                 [r.params.repetition_penalty, r.params.presence_penalty, r.params.frequency_penalty]
                 for r in requests
             ],
-            device,
-            torch.float32,
-        )
+            dtype=torch.float32,
+        ).to(device)
         outputs = _padded([r.output_token_ids for r in requests], vocab_size, device)
         prompts = _padded([r.prompt_token_ids for r in requests], vocab_size, device)
         counts = torch.zeros(len(requests), vocab_size + 1, device=device)
@@ -176,9 +173,9 @@ class _LogitBias:
         if not rows:
             return None
         return cls(
-            to_device(rows, device, torch.int64),
-            to_device(token_ids, device, torch.int64),
-            to_device(values, device, torch.float32),
+            torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+            torch.tensor(token_ids, dtype=torch.int64).to(device, non_blocking=True),
+            torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True),
         )
 
     def apply(self, logits: Tensor) -> Tensor:
@@ -208,7 +205,7 @@ class _TokenBitmask:
         rows, bits = filled
         index = None
         if len(rows) < len(requests):
-            index = to_device(rows, device, torch.int64)
+            index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
         return cls(index, bits.to(device, non_blocking=True))
 
     def apply(self, logits: Tensor) -> Tensor:
@@ -228,7 +225,7 @@ def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
     table = torch.full((len(rows), width), pad, dtype=torch.int64)
     for i, row in enumerate(rows):
         table[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
-    return to_device(table, device)
+    return table.to(device)
 
 
 def _banned_tokens(
@@ -246,7 +243,7 @@ def _banned_tokens(
             tokens.extend(stops)
     if not rows:
         return None
-    return to_device(rows, device, torch.int64), to_device(tokens, device, torch.int64)
+    return (torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
 
 
 @dataclass
