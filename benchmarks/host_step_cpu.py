@@ -5,6 +5,8 @@ outputs, the part that must stay below the GPU's step time for the device never 
 
     python benchmarks/host_step_cpu.py [--rows 256] [--steps 300] [--no-detokenize]
     python benchmarks/host_step_cpu.py --profile spy.txt   # py-spy (raw) of the measured steps
+    python benchmarks/host_step_cpu.py --served            # each step's events sent as the
+                                                           # server's engine process sends them
 
 Needs a checkpoint folder with a tokenizer (``--model``, default: the tiny one this script
 writes into ``.cache/host-step-ckpt``: llama shapes shrunk to 2 layers, SmolLM2's tokenizer).
@@ -13,13 +15,17 @@ writes into ``.cache/host-step-ckpt``: llama shapes shrunk to 2 layers, SmolLM2'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +35,11 @@ from infer import LLM, SamplingParams
 from infer.attention.metadata import host_batch
 from infer.bench.checkpoint import write_checkpoint
 from infer.engine import runner as runner_module
+from infer.engine.engine import Engine
 from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.sampler import SamplerOutput
 from infer.heap import frozen_heap
+from infer.server.engine_process import _EngineLoop, _Outbox
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -68,6 +76,23 @@ def null_model(llm: LLM, max_rows: int) -> None:
     runner.sample = sample  # type: ignore[method-assign]
 
 
+def _drain(events: Connection) -> None:
+    with contextlib.suppress(EOFError):
+        while True:
+            events.recv()
+
+
+def served_step(engine: Engine) -> Callable[[], object]:
+    """A step as the server's engine process runs it: its events are sent to a process
+    that reads them as the API process does (and drops them)."""
+    context = multiprocessing.get_context("spawn")
+    reader, writer = context.Pipe(duplex=False)
+    context.Process(target=_drain, args=(reader,), daemon=True).start()
+    commands, _ = context.Pipe(duplex=False)
+    loop = _EngineLoop(engine, commands, _Outbox(writer))
+    return lambda: loop._send_step(engine.step())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path)
@@ -75,6 +100,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--no-detokenize", action="store_true")
     parser.add_argument("--profile", type=Path, help="py-spy raw samples of the measured part")
+    parser.add_argument(
+        "--served", action="store_true", help="send each step's events to another process"
+    )
     args = parser.parse_args()
     model = args.model or tiny_checkpoint(Path(".cache/host-step-ckpt"))
     llm = LLM(str(model), load_format="dummy", max_seq_len=4096, device="cpu",
@@ -95,11 +123,12 @@ def main() -> None:
         command = ["py-spy", "record", "-p", str(os.getpid()), "-r", "400", "-f", "raw"]
         spy = subprocess.Popen([*command, "-o", str(args.profile), "--nonblocking"])
         time.sleep(1.0)
+    step = served_step(engine) if args.served else engine.step
     times: list[float] = []
     with frozen_heap():  # as in the benchmarks and the server
         for _ in range(args.steps):
             start = time.perf_counter()
-            engine.step()
+            step()
             times.append(time.perf_counter() - start)
     if spy is not None:
         spy.send_signal(2)

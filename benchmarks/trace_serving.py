@@ -123,6 +123,19 @@ async def _run(port: int, prompts: list[tuple[str, int]], gaps: list[float]) -> 
     return await asyncio.gather(*tasks)
 
 
+def _py_spy(server_pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy (raw samples) on the server's engine process (its spawned child)."""
+    children = subprocess.run(
+        ["pgrep", "-f", "-P", str(server_pid), "spawn_main"], capture_output=True, text=True
+    ).stdout.split()
+    if not children:
+        return None
+    command = ["py-spy", "record", "-p", children[0], "-r", "500", "-f", "raw", "-o", str(out)]
+    spy = subprocess.Popen([*command, "--nonblocking"])
+    time.sleep(1.0)
+    return spy
+
+
 def client_summary(timings: list[Timing]) -> dict[str, Any]:
     ok = [t for t in timings if not t.error and t.first_token]
     first = min(t.sent for t in timings)
@@ -166,6 +179,9 @@ def main() -> None:
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--engine-args", default="{}", help="EngineConfig fields as JSON")
     parser.add_argument("--no-offline", action="store_true")
+    parser.add_argument(
+        "--py-spy", action="store_true", help="sample the engine process during the burst"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     engine_args = json.loads(args.engine_args)
@@ -190,7 +206,13 @@ def main() -> None:
             engine_trace = args.out / "engine.jsonl"
             time.sleep(0.5)
             mark = engine_trace.stat().st_size if engine_trace.exists() else 0
+            spy = None
+            if args.py_spy and name == "burst":
+                spy = _py_spy(server.pid, args.out / "engine-spy.txt")
             timings = asyncio.run(_run(port, prompts, gaps))
+            if spy is not None:
+                spy.send_signal(2)
+                spy.wait()
             report[name] = client_summary(timings)
             report[name]["engine_trace_offset"] = mark
             (args.out / f"client-{name}.json").write_text(json.dumps([asdict(t) for t in timings]))
