@@ -1,4 +1,5 @@
-"""Benchmark workloads: the seeds' five serving patterns plus ``burst256`` and ``single``.
+"""Benchmark workloads: the seeds' five serving patterns plus ``burst256``, ``serve_burst``
+and ``single``.
 
 A workload is a list of requests (random token-id prompts, a fixed output length, an arrival
 offset) generated from a seed, so every run of the same name, size and seed sends exactly the
@@ -122,6 +123,10 @@ def _burst256(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec
     return [RequestSpec(prompts(rng.randint(128, 384)), 256) for _ in range(n)]
 
 
+def _serve_burst(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
+    return [RequestSpec(prompts(rng.randint(128, 384)), rng.randint(128, 384)) for _ in range(n)]
+
+
 def _single(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
     return [RequestSpec(prompts(128), 512) for _ in range(n)]
 
@@ -156,6 +161,12 @@ WORKLOADS: dict[str, WorkloadDef] = {
         _prefix_caching,
     ),
     "burst256": WorkloadDef("256 requests at once, prompts 128-384, output 256", 256, _burst256),
+    "serve_burst": WorkloadDef(
+        "256 requests at once, prompts 128-384, outputs 128-384: the burst the serving "
+        "benchmark sends (bench_serving_vs_vllm.py), offline, the server's like-for-like peer",
+        256,
+        _serve_burst,
+    ),
     "single": WorkloadDef("batch 1: prompt 128, output 512", 1, _single, True),
 }
 
