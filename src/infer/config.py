@@ -231,7 +231,7 @@ class EngineConfig:
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
-    max_graph_tokens: int = 4096
+    max_graph_tokens: int = 2048
     use_async_scheduling: bool = True
     tensor_parallel_size: int = 1
     dtype: str | None = None
@@ -429,7 +429,7 @@ class EngineConfig:
 
     def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:
         """Per-step token budget; without chunking a whole prompt must fit in one step."""
-        budget = self.max_num_batched_tokens or 4096
+        budget = self.max_num_batched_tokens or 8192
         if not self.use_chunked_prefill:
             budget = max(budget, max_seq_len)
         return max(budget, self.max_batch_size if self.batching_mode == "continuous" else 1)
