@@ -51,6 +51,12 @@ class Deferred:
     forwarded: ForwardedStep | None
 
 
+def _reads_outputs(scheduled: SchedulerOutput) -> bool:
+    """Whether a step's sampling reads its requests' outputs so far on the host (a
+    grammar's mask, penalties), so it must wait for the step before it."""
+    return any(r.params.needs_output_tokens for r in scheduled.requests())
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -222,7 +228,7 @@ class Engine:
         scheduled = self._schedule_after(current.scheduled, involved, outputs)
         if scheduled is None:
             return None
-        if any(r.params.needs_output_tokens for r in scheduled.requests()):
+        if _reads_outputs(scheduled):
             return self._defer(scheduled, current.launched)
         self._inflight = self._launch(scheduled, current.launched)
         return None
@@ -238,9 +244,7 @@ class Engine:
         penalised rows go on, the step after it is scheduled first, as its masks fill, and
         its forward pass queued behind the sampling: deferred in turn."""
         after = None
-        if self.config.use_async_scheduling and any(
-            r.params.needs_output_tokens for r in deferred.scheduled.requests()
-        ):
+        if self.config.use_async_scheduling and _reads_outputs(deferred.scheduled):
             after = self._schedule_after(deferred.scheduled, involved, outputs)
         sampled = None
         if deferred.forwarded is not None:

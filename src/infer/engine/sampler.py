@@ -201,8 +201,7 @@ class _TokenBitmask:
         started = started or start_bitmask(requests, vocab_size, device)
         if started is None:
             return None
-        filled = started.result()
-        rows, bits = filled
+        rows, bits = started.result()
         index = None
         if len(rows) < len(requests):
             index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)

@@ -264,7 +264,7 @@ def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request |
     return None
 
 
-def grammar_threads() -> int:
+def _grammar_threads() -> int:
     """llguidance's mask-filling threads: ``INFER_GRAMMAR_THREADS``, or half the CPUs the
     process may use (the engine's own thread keeps a core of its own while masks fill)."""
     configured = os.environ.get("INFER_GRAMMAR_THREADS")
@@ -276,7 +276,7 @@ def grammar_threads() -> int:
 @functools.cache
 def _executor() -> LLExecutor:
     """llguidance's threads, filling several masks at once (made on first use)."""
-    return LLExecutor(grammar_threads())
+    return LLExecutor(_grammar_threads())
 
 
 @functools.cache
