@@ -44,7 +44,8 @@ MODEL = "smollm2-135m"
 class Timing:
     sent: float
     headers: float = 0.0
-    first_token: float = 0.0
+    first_chunk: float = 0.0  # the first token's chunk, text or not (vLLM's client's TTFT)
+    first_token: float = 0.0  # the first chunk with text
     done: float = 0.0
     tokens: int = 0
     error: str = ""
@@ -202,6 +203,10 @@ def _record(timing: Timing, event: bytes) -> None:
         return
     for choice in chunk["choices"]:
         text = choice["text"] if "text" in choice else choice["delta"].get("content")
+        if text is None:  # a chat's role chunk: no token yet
+            continue
+        if not timing.first_chunk:
+            timing.first_chunk = time.perf_counter()
         if text:
             timing.tokens += 1
             if not timing.first_token:

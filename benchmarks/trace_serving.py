@@ -21,6 +21,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from functools import partial
@@ -44,25 +45,39 @@ def traced_engine(config: EngineConfig, path: str) -> tuple[ServedEngine, Engine
 
 
 def _trace_api(path: Path) -> None:
-    """Time each submit and each job's first dispatched token in the API process."""
+    """Time each request's reservation (its HTTP request parsed and validated), its start
+    (sent to the engine, from the tokenizer thread) and its first dispatched token, in the
+    API process."""
     from infer.server import async_engine
 
     out = path.open("a")
-    submit = async_engine.AsyncEngine.submit
+    lock = threading.Lock()
+    reserve = async_engine.AsyncEngine.reserve
+    start_job = async_engine.AsyncEngine.start_job
     add = async_engine.Job._add
 
-    def traced_submit(self: Any, job_id: str, sequences: Any) -> Any:
-        job = submit(self, job_id, sequences)
-        out.write(json.dumps({"ev": "submit", "t": time.perf_counter(), "id": job_id}) + "\n")
-        return job
+    def write(event: str, job_id: str) -> None:
+        line = json.dumps({"ev": event, "t": time.perf_counter(), "id": job_id}) + "\n"
+        with lock:
+            out.write(line)
+
+    def traced_reserve(self: Any, job_id: str, count: int) -> Any:
+        write("reserve", job_id)
+        return reserve(self, job_id, count)
+
+    def traced_start(self: Any, job: Any, sequences: Any) -> None:
+        start_job(self, job, sequences)
+        write("submit", job.request_ids[0])
 
     def traced_add(self: Any, index: int, token_ids: Any, *args: Any) -> Any:
         if token_ids and not self.token_times[index]:
-            out.write(json.dumps({"ev": "first", "t": time.perf_counter()}) + "\n")
-            out.flush()
+            write("first", self.request_ids[index])
+            with lock:
+                out.flush()
         return add(self, index, token_ids, *args)
 
-    async_engine.AsyncEngine.submit = traced_submit  # type: ignore[method-assign]
+    async_engine.AsyncEngine.reserve = traced_reserve  # type: ignore[method-assign]
+    async_engine.AsyncEngine.start_job = traced_start  # type: ignore[method-assign]
     async_engine.Job._add = traced_add  # type: ignore[method-assign]
 
 
@@ -139,7 +154,7 @@ def _py_spy(server_pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 def client_summary(timings: list[Timing]) -> dict[str, Any]:
     ok = [t for t in timings if not t.error and t.first_token]
     first = min(t.sent for t in timings)
-    ttft = sorted(1000 * (t.first_token - t.sent) for t in ok)
+    ttft = sorted(1000 * (t.first_chunk - t.sent) for t in ok)
     tokens = sum(t.tokens for t in ok)
     return {
         "requests": len(timings),
@@ -147,7 +162,10 @@ def client_summary(timings: list[Timing]) -> dict[str, Any]:
         "output_tok_s": round(tokens / (max(t.done for t in ok) - first)),
         "ttft_ms_p50": round(statistics.median(ttft), 1),
         "ttft_ms_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 1),
-        "first_token_s": [round(x, 3) for x in sorted(t.first_token - first for t in ok)][::16],
+        "ttft_text_ms_p50": round(
+            statistics.median(1000 * (t.first_token - t.sent) for t in ok), 1
+        ),
+        "first_token_s": [round(x, 3) for x in sorted(t.first_chunk - first for t in ok)][::16],
     }
 
 

@@ -19,6 +19,8 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.text_pieces import MIN_PIECE_CHARS, TextPieces
+
 Message = dict[str, Any]
 # How chat templates spell the end of a turn (Gemma, Llama 3, ChatML: Qwen, SmolLM2). A
 # checkpoint's metadata may omit it (GGUFs without ``eot_token_id``); the vocabulary has it.
@@ -42,6 +44,7 @@ class Tokenizer:
             ids.add(int(hf.eos_token_id))
         ids.update(_end_of_turn_ids(hf))
         self.eos_token_ids: frozenset[int] = frozenset(ids)
+        self._pieces = TextPieces.for_tokenizer(self.rust)
 
     @classmethod
     def load(cls, path: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer | None:
@@ -67,7 +70,10 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """``encode`` of many texts in one call: the Rust tokenizer releases the GIL for it
-        and spreads the texts over its threads (a server's event loop keeps running)."""
+        and spreads the texts over its threads (a server's event loop keeps running); long
+        texts are cut into pieces for that where the tokenizer allows (``TextPieces``)."""
+        if self._pieces is not None and any(len(t) >= 2 * MIN_PIECE_CHARS for t in texts):
+            return self._pieces.encode_batch(texts, add_special_tokens)
         encodings = self.rust.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]
 

@@ -25,9 +25,9 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def added() -> Iterator[list[int]]:
-    """How many sequences each message to the engine added (``AsyncEngine._flush``)."""
+    """How many sequences each message to the engine added (``AsyncEngine.flush``)."""
     sizes: list[int] = []
-    flush = AsyncEngine._flush
+    flush = AsyncEngine.flush
 
     def counting(engine: AsyncEngine) -> None:
         if engine._adds:
@@ -35,7 +35,7 @@ def added() -> Iterator[list[int]]:
         flush(engine)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(AsyncEngine, "_flush", counting)
+        patch.setattr(AsyncEngine, "flush", counting)
         yield sizes
 
 

@@ -21,20 +21,21 @@ class PromptEncoder:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
+    def encode_prompt(self, prompt: Prompt, field: str = "prompt") -> list[int]:
+        """Validated token ids (``ValueError`` naming ``field``, where the prompt came from)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+                raise ValueError(f"{field}: this model has no tokenizer; pass token ids")
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(map(int, prompt))
             if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
-                raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size})")
+                raise ValueError(f"{field}: token ids must be in [0, {self.vocab_size})")
         if not token_ids:
-            raise ValueError("prompt: must not be empty")
+            raise ValueError(f"{field}: must not be empty")
         if len(token_ids) >= self.max_seq_len:
             raise ValueError(
-                f"prompt: {len(token_ids)} tokens leave no room to generate within "
+                f"{field}: {len(token_ids)} tokens leave no room to generate within "
                 f"max_seq_len={self.max_seq_len}"
             )
         return token_ids
@@ -44,4 +45,4 @@ class PromptEncoder:
     ) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("messages: this model has no tokenizer, so no chat template")
-        return self.encode_prompt(self.tokenizer.apply_chat_template(messages, tools))
+        return self.encode_prompt(self.tokenizer.apply_chat_template(messages, tools), "messages")

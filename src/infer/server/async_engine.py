@@ -6,7 +6,9 @@ every step's outputs to the event loop in one ``call_soon_threadsafe``. Requests
 or aborted during one turn of the event loop go to the engine as one message. The HTTP side
 never waits for the engine to accept work: it decides backpressure from its own count of
 unfinished sequences, then only enqueues. Text prompts are tokenized in batches off the
-event loop (``PromptBatcher``) and checked here, so bad input never reaches the engine.
+event loop (``PromptBatcher``) and checked there, so bad input never reaches the engine;
+the requests they belong to are sent to the engine from there too (``reserve``, then
+``start_job`` from the tokenizer thread), without waiting for the event loop.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.config import EngineConfig
-from infer.engine.prompts import PromptEncoder
+from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
@@ -47,7 +49,7 @@ from infer.server.messages import (
     StepEvents,
     Stop,
 )
-from infer.server.prompt_batcher import PromptBatcher
+from infer.server.prompt_batcher import OnEncoded, PromptBatcher
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     token_times: list[list[float]] = field(default_factory=list)  # per sequence
     finish_reasons: list[str | None] = field(default_factory=list)
+    started: bool = False  # its sequences went to the engine
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -195,7 +198,6 @@ class Job:
 
     def close(self) -> None:
         if not self.closed:
-            self.closed = True
             self.owner.release(self)
 
 
@@ -228,11 +230,14 @@ class AsyncEngine:
         self._ready: asyncio.Future[EngineInfo] | None = None
         self._process: BaseProcess | None = None
         self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
-        self._adds: list[NewRequest] = []  # not sent yet: one message per event-loop turn
+        # Not sent yet: one message per event-loop turn or tokenizer batch (``flush``).
+        self._adds: list[NewRequest] = []
         self._aborts: list[str] = []
         self._flush_scheduled = False
         self._threads: list[threading.Thread] = []
         self._batcher: PromptBatcher | None = None
+        self._loop_thread: int | None = None
+        self._queue_lock = threading.Lock()  # of ``_adds`` and ``_aborts``
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -246,6 +251,7 @@ class AsyncEngine:
 
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._ready = self._loop.create_future()
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         command_out, command_in = context.Pipe(duplex=False)
@@ -269,7 +275,9 @@ class AsyncEngine:
         self._info = await self._ready
         self._prompts = await asyncio.to_thread(prompt_encoder, self._info)
         if self._prompts.tokenizer is not None:
-            self._batcher = PromptBatcher(self._prompts, self._prompts.tokenizer, self._loop)
+            self._batcher = PromptBatcher(
+                self._prompts, self._prompts.tokenizer, self._loop, after_batch=self.flush
+            )
         self.accepting = True
 
     async def drain(self, timeout: float) -> None:
@@ -325,28 +333,35 @@ class AsyncEngine:
         return self._prompts
 
     # --- requests (event loop) -------------------------------------------------------------
-    async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of a prompt, validated (``ValueError`` naming ``prompt``).
-
-        Token ids are only checked, here: handing them to the tokenizer thread would cost
-        more than the check."""
-        if isinstance(prompt, str) and self._batcher is not None:
-            return await self._batcher.encode_prompt(prompt)
-        return self.prompts.encode_prompt(prompt)  # ids, or text without a tokenizer: refused
+    async def encode_prompts(
+        self, prompts: Sequence[Prompt], on_encoded: OnEncoded | None = None
+    ) -> list[list[int]]:
+        """Token ids of each prompt, validated (``ValueError`` naming ``prompt``), after
+        ``on_encoded`` ran on them: in the tokenizer thread when there is text to encode,
+        here when there are only token ids (handing them to the thread would cost more than
+        checking them) or no tokenizer (text is refused)."""
+        if self._batcher is not None and any(isinstance(p, str) for p in prompts):
+            return await self._batcher.encode_prompts(prompts, on_encoded)
+        return _run(on_encoded, [self.prompts.encode_prompt(p) for p in prompts])
 
     async def encode_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
-    ) -> list[int]:
-        if self._batcher is None:
-            return self.prompts.encode_chat(messages, tools)  # no tokenizer: refused
-        return await self._batcher.encode_chat(messages, tools)
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        on_encoded: OnEncoded | None = None,
+    ) -> list[list[int]]:
+        """A conversation's token ids through the chat template (one prompt), as
+        ``encode_prompts`` gives a prompt's (``ValueError`` naming ``messages``)."""
+        if self._batcher is None:  # no tokenizer: refused
+            return _run(on_encoded, [self.prompts.encode_chat(messages, tools)])
+        return await self._batcher.encode_chat(messages, tools, on_encoded)
 
-    def submit(self, job_id: str, sequences: Sequences) -> Job:
-        """Queue sequences for the engine, or raise at once: ``QueueFullError`` when the
+    def reserve(self, job_id: str, count: int) -> Job:
+        """A job for ``count`` sequences, counted against the capacity at once, its
+        sequences given later (``start_job``); or raise at once: ``QueueFullError`` when the
         server holds ``max_batch_size + max_waiting_requests`` unfinished sequences,
         ``EngineStoppedError`` when it is not serving."""
         self._check_serving()
-        count = len(sequences)
         if count > self.capacity:
             raise ValueError(
                 f"n: {count} sequences exceed what the server can hold ({self.capacity})"
@@ -360,17 +375,39 @@ class AsyncEngine:
         deadline = None if timeout is None else self._loop.time() + timeout
         job = Job(self, [f"{job_id}-{i}" for i in range(count)], deadline)
         self._outstanding += count
-        for index, (request_id, (token_ids, params)) in enumerate(zip(job.request_ids, sequences)):
+        for index, request_id in enumerate(job.request_ids):
             self._jobs[request_id] = (job, index)
-            self._adds.append((request_id, token_ids, params))
-        self._schedule_flush()
+        return job
+
+    def start_job(self, job: Job, sequences: Sequences) -> None:
+        """Queue a reserved job's sequences for the engine, unless it was closed meanwhile.
+
+        Safe from any thread: the tokenizer thread starts the jobs it encoded, and sends
+        each batch's in one message (``flush``); on the event loop, the jobs started during
+        one turn go as one message."""
+        assert len(sequences) == len(job.request_ids), "one sequence per reserved request id"
+        adds = [(rid, ids, params) for rid, (ids, params) in zip(job.request_ids, sequences)]
+        with self._queue_lock:  # against ``release``: queued before it, or not at all
+            if job.closed:
+                return
+            job.started = True
+            self._adds += adds
+        if threading.get_ident() == self._loop_thread:
+            self._schedule_flush()
+
+    def submit(self, job_id: str, sequences: Sequences) -> Job:
+        """``reserve`` and ``start_job`` in one (token ids, already checked)."""
+        job = self.reserve(job_id, len(sequences))
+        self.start_job(job, sequences)
         return job
 
     def release(self, job: Job) -> None:
         """Forget a job; abort its unfinished sequences (the engine frees their blocks)."""
-        if unfinished := job.unfinished_request_ids:
-            self._aborts += unfinished
-            self._schedule_flush()
+        with self._queue_lock:
+            job.closed = True
+            if job.started and (unfinished := job.unfinished_request_ids):
+                self._aborts += unfinished
+                self._schedule_flush()
         for request_id in job.request_ids:
             self._jobs.pop(request_id, None)
         self._outstanding -= len(job.request_ids)
@@ -396,15 +433,19 @@ class AsyncEngine:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Send what this turn of the event loop queued: adds first (an abort may be for
-        one of them)."""
         self._flush_scheduled = False
-        if self._adds:
-            self._outbox.put(AddRequests(self._adds))
-            self._adds = []
-        if self._aborts:
-            self._outbox.put(Abort(self._aborts))
-            self._aborts = []
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what was queued since the last flush, one message each: adds first (an
+        abort may be for one of them). Safe from any thread."""
+        with self._queue_lock:
+            if self._adds:
+                self._outbox.put(AddRequests(self._adds))
+                self._adds = []
+            if self._aborts:
+                self._outbox.put(Abort(self._aborts))
+                self._aborts = []
 
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
@@ -490,6 +531,12 @@ class AsyncEngine:
                 self._process.join(5.0)
                 code = self._process.exitcode
                 self._post(self._engine_failed, f"the engine process exited (exit code {code})")
+
+
+def _run(on_encoded: OnEncoded | None, prompts: list[list[int]]) -> list[list[int]]:
+    if on_encoded is not None:
+        on_encoded(prompts)
+    return prompts
 
 
 def prompt_encoder(info: EngineInfo) -> PromptEncoder:

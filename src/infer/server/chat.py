@@ -8,6 +8,7 @@ from jinja2 import TemplateError
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.server.async_engine import ChoiceUpdate
+from infer.server.prompt_batcher import OnEncoded
 from infer.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -27,18 +28,19 @@ class ChatServing(OpenAIServing):
     chunk_object = "chat.completion.chunk"
     prompt_field = "messages"
 
-    async def encode(self, request: SamplingRequest) -> list[list[int]]:
+    def num_prompts(self, request: SamplingRequest) -> int:
+        return 1
+
+    async def encode(self, request: SamplingRequest, on_encoded: OnEncoded) -> list[list[int]]:
         assert isinstance(request, ChatCompletionRequest)
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         messages, tools_for_template = render(
             [message.for_template() for message in request.messages], tools, self._template()
         )
         try:
-            return [await self.engine.encode_chat(messages, tools_for_template)]
+            return await self.engine.encode_chat(messages, tools_for_template, on_encoded)
         except TemplateError as exc:
             raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
-        except ValueError as exc:  # the rendered prompt is what ``messages`` became
-            raise ValueError(f"messages: {str(exc).removeprefix('prompt: ')}") from exc
 
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, ChatCompletionRequest)

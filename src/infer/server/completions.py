@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.server.async_engine import ChoiceUpdate
+from infer.server.prompt_batcher import OnEncoded
 from infer.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -23,12 +22,13 @@ class CompletionServing(OpenAIServing):
     chunk_object = "text_completion"
     prompt_field = "prompt"
 
-    async def encode(self, request: SamplingRequest) -> list[list[int]]:
+    def num_prompts(self, request: SamplingRequest) -> int:
         assert isinstance(request, CompletionRequest)
-        prompts = request.prompts()
-        if len(prompts) == 1:
-            return [await self.engine.encode_prompt(prompts[0])]
-        return list(await asyncio.gather(*map(self.engine.encode_prompt, prompts)))
+        return len(request.prompts())
+
+    async def encode(self, request: SamplingRequest, on_encoded: OnEncoded) -> list[list[int]]:
+        assert isinstance(request, CompletionRequest)
+        return await self.engine.encode_prompts(request.prompts(), on_encoded)
 
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, CompletionRequest)

@@ -1,4 +1,5 @@
-"""Text prompts and conversations to token ids, off the event loop and many at once.
+"""Text prompts and conversations to token ids, off the event loop and many at once, and
+the work started from there.
 
 A burst of requests (a benchmark's 256 at once) would otherwise be tokenized one by one:
 each a round trip to a worker thread, each holding the GIL through the tokenizer's Python
@@ -6,6 +7,12 @@ wrapper while the event loop waits for it. Here one thread drains everything que
 its last batch, renders the conversations' chat templates, and encodes all the texts in one
 ``encode_batch`` call (Rust, GIL released, on several cores), then hands every result back
 to the event loop in one callback.
+
+Each request may also give an ``on_encoded`` callback, which the thread runs on its checked
+token ids before anything goes back to the event loop: the server sends the request to the
+engine from there. During a burst the event loop is busy parsing the requests that are still
+arriving; a request whose submission waited for the loop to come back to it reached the
+engine only after most of the burst had been parsed.
 """
 
 from __future__ import annotations
@@ -14,52 +21,75 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infer.engine.prompts import PromptEncoder
+from infer.engine.prompts import Prompt, PromptEncoder
 from infer.tokenizer import Message, Tokenizer
+
+# Runs on a request's token ids (one list per prompt) where they were encoded; what it
+# raises is that request's error.
+OnEncoded = Callable[[list[list[int]]], None]
 
 
 @dataclass(slots=True)
 class _Item:
-    text: str | None  # a plain prompt, or None for a conversation
+    prompts: Sequence[Prompt] | None  # plain prompts (text or token ids), or None for a chat
     messages: list[Message] | None
-    future: asyncio.Future[list[int]]
-    tools: list[dict[str, Any]] | None = None  # a conversation's function definitions
+    tools: list[dict[str, Any]] | None  # a conversation's function definitions
+    on_encoded: OnEncoded | None
+    future: asyncio.Future[list[list[int]]]
 
 
-# The most prompts encoded at once: a burst's first requests go on to the engine while the
+# The most requests encoded at once: a burst's first requests go on to the engine while the
 # rest are encoded, instead of all of them waiting for the whole burst.
 MAX_BATCH = 64
-Outcome = tuple[asyncio.Future[list[int]], list[int] | BaseException]
+Outcome = tuple[asyncio.Future[list[list[int]]], list[list[int]] | BaseException]
 
 
 class PromptBatcher:
     """Encodes prompts in a thread of its own, in batches; ``close()`` ends the thread."""
 
     def __init__(
-        self, prompts: PromptEncoder, tokenizer: Tokenizer, loop: asyncio.AbstractEventLoop
+        self,
+        prompts: PromptEncoder,
+        tokenizer: Tokenizer,
+        loop: asyncio.AbstractEventLoop,
+        after_batch: Callable[[], None] | None = None,
     ) -> None:
+        """``after_batch`` runs in the thread once a batch's ``on_encoded`` callbacks ran
+        (the server sends the requests they started in one message)."""
         self.prompts = prompts
         self.tokenizer = tokenizer
         self._loop = loop
+        self._after_batch = after_batch
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="infer-tokenize", daemon=True)
         self._thread.start()
 
-    async def encode_prompt(self, text: str) -> list[int]:
-        """Token ids of a text prompt, validated (``ValueError`` naming ``prompt``)."""
-        return await self._submit(_Item(text, None, self._loop.create_future()))
+    async def encode_prompts(
+        self, prompts: Sequence[Prompt], on_encoded: OnEncoded | None = None
+    ) -> list[list[int]]:
+        """Token ids of each prompt (text is tokenized, ids only checked), validated
+        (``ValueError`` naming ``prompt``)."""
+        return await self._submit(_Item(prompts, None, None, on_encoded, self._future()))
 
     async def encode_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
-    ) -> list[int]:
-        """Token ids of a conversation through the chat template, validated like a prompt
-        (``ValueError``; the template's own ``TemplateError`` when it rejects them)."""
-        return await self._submit(_Item(None, messages, self._loop.create_future(), tools))
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        on_encoded: OnEncoded | None = None,
+    ) -> list[list[int]]:
+        """The token ids of a conversation through the chat template (one prompt), validated
+        (``ValueError`` naming ``messages``; the template's own ``TemplateError`` when it
+        rejects them)."""
+        return await self._submit(_Item(None, messages, tools, on_encoded, self._future()))
 
-    async def _submit(self, item: _Item) -> list[int]:
+    def _future(self) -> asyncio.Future[list[list[int]]]:
+        return self._loop.create_future()
+
+    async def _submit(self, item: _Item) -> list[list[int]]:
         self._queue.put(item)
         return await item.future
 
@@ -89,36 +119,58 @@ class PromptBatcher:
                 outcomes = self.encode(batch)
             except Exception as exc:  # the tokenizer itself failed: so do these requests
                 outcomes = [(item.future, exc) for item in batch]
+            if self._after_batch is not None:
+                self._after_batch()
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(_deliver, outcomes)
 
     def encode(self, items: list[_Item]) -> list[Outcome]:
-        """Each item's token ids, or the exception that rejects it."""
-        outcomes: list[Outcome] = []
-        prompts: list[tuple[_Item, str]] = []
-        chats: list[tuple[_Item, str]] = []
-        for item in items:
-            if item.messages is None:
-                assert item.text is not None
-                prompts.append((item, item.text))
+        """Each item's token ids (after its ``on_encoded`` ran), or the exception that
+        rejects it."""
+        texts: list[tuple[int, str]] = []  # (index of the item, its text)
+        chats: list[tuple[int, str]] = []
+        failed: dict[int, BaseException] = {}
+        for index, item in enumerate(items):
+            if item.prompts is not None:
+                texts += ((index, p) for p in item.prompts if isinstance(p, str))
                 continue
+            assert item.messages is not None
             try:
-                chats.append((item, self.tokenizer.render_chat(item.messages, item.tools)))
+                chats.append((index, self.tokenizer.render_chat(item.messages, item.tools)))
             except Exception as exc:  # the template refused them: that request's error
-                outcomes.append((item.future, exc))
-        for group, special in ((prompts, True), (chats, False)):
-            if not group:
-                continue
-            encoded = self.tokenizer.encode_batch([text for _, text in group], special)
-            for (item, _), token_ids in zip(group, encoded):
-                outcomes.append((item.future, self._checked(token_ids)))
+                failed[index] = exc
+        encoded: dict[int, list[list[int]]] = {}  # each item's texts' ids, in order
+        for group, special in ((texts, True), (chats, False)):
+            if group:
+                ids = self.tokenizer.encode_batch([text for _, text in group], special)
+                for (index, _), token_ids in zip(group, ids):
+                    encoded.setdefault(index, []).append(token_ids)
+        outcomes: list[Outcome] = []
+        for index, item in enumerate(items):
+            refused = failed.get(index)
+            if refused is None:
+                outcomes.append((item.future, self._finish(item, encoded.get(index, []))))
+            else:
+                outcomes.append((item.future, refused))
         return outcomes
 
-    def _checked(self, token_ids: list[int]) -> list[int] | BaseException:
+    def _finish(self, item: _Item, encoded: list[list[int]]) -> list[list[int]] | BaseException:
+        """Check the item's prompts (``encoded``: its texts' ids, in order) and run its
+        ``on_encoded``."""
         try:
-            return self.prompts.encode_prompt(token_ids)
-        except ValueError as exc:
+            if item.prompts is None:
+                prompts = [self.prompts.encode_prompt(encoded[0], "messages")]
+            else:
+                texts = iter(encoded)
+                prompts = [
+                    self.prompts.encode_prompt(next(texts) if isinstance(p, str) else p)
+                    for p in item.prompts
+                ]
+            if item.on_encoded is not None:
+                item.on_encoded(prompts)
+        except Exception as exc:
             return exc
+        return prompts
 
 
 def _deliver(outcomes: list[Outcome]) -> None:

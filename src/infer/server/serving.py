@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -32,8 +31,10 @@ from infer.server.async_engine import (
     RequestTimeoutError,
 )
 from infer.server.errors import APIError, internal_server_error
+from infer.server.ids import random_hex
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
+from infer.server.prompt_batcher import OnEncoded
 from infer.server.protocol import SamplingRequest, Usage
 from infer.server.retry_after import RetryAfterEstimator
 from infer.server.sse import ChunkTemplate
@@ -101,8 +102,12 @@ class OpenAIServing(ABC):
 
     # --- endpoint formats ----------------------------------------------------------------
     @abstractmethod
-    async def encode(self, request: SamplingRequest) -> list[list[int]]:
-        """Token ids of each prompt (``ValueError`` naming the field when invalid)."""
+    def num_prompts(self, request: SamplingRequest) -> int: ...
+
+    @abstractmethod
+    async def encode(self, request: SamplingRequest, on_encoded: OnEncoded) -> list[list[int]]:
+        """Token ids of each prompt (``ValueError`` naming the field when invalid), after
+        ``on_encoded`` ran on them (``AsyncEngine.encode_prompts``)."""
 
     @abstractmethod
     def sampling_params(self, request: SamplingRequest) -> SamplingParams: ...
@@ -148,6 +153,8 @@ class OpenAIServing(ABC):
             self.retry_after.record_finished(len(job.request_ids))
 
     async def _submit(self, request: SamplingRequest) -> tuple[Job, Context]:
+        """Validate, reserve the job's capacity, encode its prompts and start it where they
+        were encoded (the tokenizer thread: ``AsyncEngine.start_job``)."""
         if request.model is not None and request.model != self.model_name:
             raise APIError(
                 404,
@@ -159,11 +166,18 @@ class OpenAIServing(ABC):
         try:
             params = self.sampling_params(request)
             params.check_for_model(self.engine.info.vocab_size, self.max_seq_len)
-            prompts = await self.encode(request)
-            self._check_lengths(prompts, params.max_tokens)
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
-        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        request_id = f"{self.id_prefix}-{random_hex(32)}"
+        job = self._reserve(request_id, self.num_prompts(request) * params.n)
+        try:
+            prompts = await self.encode(request, partial(self._start, job, params))
+        except ValueError as exc:
+            job.close()
+            raise APIError.bad_request(exc) from exc
+        except BaseException:
+            job.close()
+            raise
         created = int(time.time())
         ctx = Context(
             request_id=request_id,
@@ -178,11 +192,13 @@ class OpenAIServing(ABC):
             tool_calls=self.tool_calls(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
-        sequences = [(p, params.nth_sample(j)) for p in prompts for j in range(params.n)]
+        return job, ctx
+
+    def _reserve(self, request_id: str, count: int) -> Job:
         try:
-            job = self.engine.submit(ctx.request_id, sequences)
+            return self.engine.reserve(request_id, count)
         except QueueFullError as exc:
-            excess = self.engine.outstanding + len(sequences) - self.engine.capacity
+            excess = self.engine.outstanding + count - self.engine.capacity
             raise APIError(
                 503,
                 f"The server is overloaded ({exc}); retry later",
@@ -194,7 +210,14 @@ class OpenAIServing(ABC):
             raise _as_api_error(exc) from exc
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
-        return job, ctx
+
+    def _start(self, job: Job, params: SamplingParams, prompts: list[list[int]]) -> None:
+        """Check the encoded prompts against the model's lengths and send the job's
+        sequences (``n`` per prompt) to the engine; runs where the prompts were encoded."""
+        self._check_lengths(prompts, params.max_tokens)
+        self.engine.start_job(
+            job, [(p, params.nth_sample(j)) for p in prompts for j in range(params.n)]
+        )
 
     def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None) -> None:
         for prompt in prompts:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from infer.server.ids import random_hex
 from infer.server.protocol import (
     ChatCompletionRequest,
     DeltaFunction,
@@ -320,4 +320,4 @@ def _text(arguments: Any) -> str:
 
 
 def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{random_hex(24)}"

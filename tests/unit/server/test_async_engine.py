@@ -116,6 +116,33 @@ def test_closing_a_job_aborts_its_sequences_and_frees_their_blocks(
     loop.run(body())
 
 
+def test_a_job_starts_from_another_thread_and_one_closed_first_never_reaches_the_engine(
+    served: tuple[LoopThread, AsyncEngine],
+) -> None:
+    loop, engine = served
+
+    async def body() -> None:
+        started = engine.reserve("a", 2)
+        closed = engine.reserve("b", 1)
+        assert engine.outstanding == 3  # counted from the reservation on
+        closed.close()
+
+        def start_both() -> None:  # as the tokenizer thread does: start, then flush
+            engine.start_job(started, [([1, 2, 3], PARAMS)] * 2)
+            engine.start_job(closed, [([4, 5, 6], LONG)])
+            engine.flush()
+
+        await asyncio.to_thread(start_both)
+        assert started.started and not closed.started
+        finals = await collect(started)
+        assert sorted(finals) == [0, 1] and finals[0].finish_reason == "length"
+        stats = await engine.call("cache_stats")  # after the adds: "b" would be running
+        assert stats["active_sequences"] == 0 and stats["leaked_blocks"] == 0
+        assert engine.outstanding == 0
+
+    loop.run(body())
+
+
 def test_timeout_raises_and_aborts(served: tuple[LoopThread, AsyncEngine]) -> None:
     loop, engine = served
 

@@ -1,6 +1,7 @@
 """``PromptBatcher``: batched tokenisation gives the ids one-by-one encoding gives, requests
-queued while a batch is encoded go together in the next ones (``MAX_BATCH`` at a time), and
-one bad prompt or conversation fails alone."""
+queued while a batch is encoded go together in the next ones (``MAX_BATCH`` at a time), one
+bad prompt or conversation fails alone, and a request's ``on_encoded`` runs in the thread on
+its checked ids."""
 
 from __future__ import annotations
 
@@ -91,19 +92,19 @@ def test_requests_queued_during_a_batch_are_encoded_together(
     texts = TEXTS * 12  # more than a batch holds
     conversation = [{"role": "user", "content": "What is the capital of France?"}]
 
-    async def body() -> tuple[list[int], list[list[int]], list[int]]:
-        first = asyncio.ensure_future(batcher.encode_prompt("first"))
+    async def body() -> tuple[list[list[int]], list[list[list[int]]], list[list[int]]]:
+        first = asyncio.ensure_future(batcher.encode_prompts(["first"]))
         await asyncio.to_thread(gate.entered.wait, 30)  # the thread holds "first" alone
-        rest = [asyncio.ensure_future(batcher.encode_prompt(text)) for text in texts]
+        rest = [asyncio.ensure_future(batcher.encode_prompts([text])) for text in texts]
         chat = asyncio.ensure_future(batcher.encode_chat(conversation))
         await asyncio.sleep(0.05)  # all of them queued; none can be encoded yet
         gate.release.set()
         return await first, list(await asyncio.gather(*rest)), await chat
 
     first, rest, chat = loop.run_until_complete(body())
-    assert first == tokenizer.encode("first")
-    assert rest == [tokenizer.encode(text) for text in texts]
-    assert chat == tokenizer.apply_chat_template(conversation)
+    assert first == [tokenizer.encode("first")]
+    assert rest == [[tokenizer.encode(text)] for text in texts]
+    assert chat == [tokenizer.apply_chat_template(conversation)]
     # One call for "first", one for as many prompts as a batch holds, then one for the
     # other prompts and one for the conversation (queued last: in the last batch).
     assert gate.calls == [1, MAX_BATCH, len(texts) - MAX_BATCH, 1]
@@ -119,17 +120,62 @@ def test_a_bad_request_fails_alone(
 
     async def body() -> list[Any]:
         futures = [
-            batcher.encode_prompt("fine"),
-            batcher.encode_prompt(""),  # empty: no tokens (SmolLM2 adds no BOS)
-            batcher.encode_prompt(too_long),
+            batcher.encode_prompts(["fine"]),
+            batcher.encode_prompts([""]),  # empty: no tokens (SmolLM2 adds no BOS)
+            batcher.encode_prompts(["fine", too_long]),
             batcher.encode_chat(bad_template),
             batcher.encode_chat([{"role": "user", "content": "fine"}]),
         ]
         return list(await asyncio.gather(*futures, return_exceptions=True))
 
     fine, empty, long, template, chat = loop.run_until_complete(body())
-    assert fine == tokenizer.encode("fine")
-    assert isinstance(empty, ValueError) and "must not be empty" in str(empty)
+    assert fine == [tokenizer.encode("fine")]
+    assert isinstance(empty, ValueError) and str(empty) == "prompt: must not be empty"
     assert isinstance(long, ValueError) and "max_seq_len=512" in str(long)
     assert isinstance(template, TemplateError)
-    assert chat == tokenizer.apply_chat_template([{"role": "user", "content": "fine"}])
+    assert chat == [tokenizer.apply_chat_template([{"role": "user", "content": "fine"}])]
+
+
+def test_prompts_keep_their_order_and_ids_are_only_checked(
+    gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
+) -> None:
+    loop, batcher, gate = gated
+    gate.release.set()
+    mixed = ["first text", [5, 6, 7], "second text"]
+
+    async def body() -> list[Any]:
+        futures = [batcher.encode_prompts(mixed), batcher.encode_prompts(["ok", [10**9]])]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    encoded, out_of_vocabulary = loop.run_until_complete(body())
+    assert encoded == [tokenizer.encode("first text"), [5, 6, 7], tokenizer.encode("second text")]
+    assert isinstance(out_of_vocabulary, ValueError)
+    assert str(out_of_vocabulary).startswith("prompt: token ids must be in")
+
+
+def test_on_encoded_runs_in_the_thread_before_the_loop_hears_and_its_error_is_the_requests(
+    gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
+) -> None:
+    loop, batcher, gate = gated
+    gate.release.set()
+    seen: list[tuple[str, list[list[int]]]] = []
+
+    def record(prompts: list[list[int]]) -> None:
+        seen.append((threading.current_thread().name, prompts))
+
+    def refuse(prompts: list[list[int]]) -> None:
+        raise ValueError("max_tokens: too many")
+
+    async def body() -> list[Any]:
+        futures = [
+            batcher.encode_prompts(["fine"], record),
+            batcher.encode_chat([{"role": "user", "content": "hi"}], None, record),
+            batcher.encode_prompts(["refused"], refuse),
+            batcher.encode_prompts([""], record),  # invalid: ``on_encoded`` never runs
+        ]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    fine, chat, refused, empty = loop.run_until_complete(body())
+    assert seen == [("infer-tokenize", fine), ("infer-tokenize", chat)]
+    assert isinstance(refused, ValueError) and str(refused) == "max_tokens: too many"
+    assert isinstance(empty, ValueError)
