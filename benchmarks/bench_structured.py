@@ -117,7 +117,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="cap each request's output")
     parser.add_argument("--trace", type=Path, help="record the measured runs' steps here")
     args = parser.parse_args()
-    llm = LLM(args.model, load_format="dummy")
+    # No prefix cache: the free run repeats the constrained run's prompts, and would find
+    # them cached (its prefill skipped) where the constrained run computed them.
+    llm = LLM(args.model, load_format="dummy", use_prefix_caching=False)
     tokenizer = llm.engine.tokenizer
     assert tokenizer is not None, "--model: structured outputs need the checkpoint's tokenizer"
     # Prompts the tokenizer knows, so the grammar's vocabulary covers them.

@@ -41,6 +41,7 @@ import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 from torch import Tensor
 
+from infer.gil import hand_over_gil_often
 from infer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -281,7 +282,9 @@ def _executor() -> LLExecutor:
 
 @functools.cache
 def _filler() -> ThreadPoolExecutor:
-    """The thread that waits on llguidance's (the GIL released) while the step goes on."""
+    """The thread that waits on llguidance's (the GIL released) while the step goes on; it
+    runs Python between them, so the engine's thread hands it the GIL often (``infer.gil``)."""
+    hand_over_gil_often()
     return ThreadPoolExecutor(1, thread_name_prefix="infer-bitmask")
 
 
