@@ -7,8 +7,8 @@ waited that long. Grammar masks suffered most: llguidance fills them in Rust wit
 released, but the thread that starts and finishes each fill runs Python, so the fill began
 only once the engine's thread had finished recording the step and blocked on the masks
 (H100, every request of ``burst256`` under a JSON schema: 12.2 ms steps against 8.0 free,
-2.7 ms of them waiting for masks that took 3.5 ms to fill). The tokenizer thread's batches
-waited for the event loop the same way.
+2.7 ms of them waiting for masks that took 3.5 ms to fill; with the GIL handed over every
+0.5 ms, 0.01 ms of waiting and 9.1 ms steps).
 """
 
 from __future__ import annotations

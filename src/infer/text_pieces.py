@@ -48,6 +48,11 @@ class TextPieces:
             return None
         return cls(rust, cores)
 
+    def cuts_any(self, texts: list[str]) -> bool:
+        """Whether ``cut`` would cut any of ``texts`` by length (the plain ``encode_batch``
+        is cheaper for the others)."""
+        return any(len(text) >= 2 * MIN_PIECE_CHARS for text in texts)
+
     def cut(self, text: str) -> list[str]:
         """``text`` in pieces of at least ``MIN_PIECE_CHARS`` characters, each cut at a
         space between two letters; the whole text when it is short or holds added tokens."""

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from infer.text_pieces import MIN_PIECE_CHARS, TextPieces
+from infer.text_pieces import TextPieces
 
 Message = dict[str, Any]
 # How chat templates spell the end of a turn (Gemma, Llama 3, ChatML: Qwen, SmolLM2). A
@@ -72,7 +72,7 @@ class Tokenizer:
         """``encode`` of many texts in one call: the Rust tokenizer releases the GIL for it
         and spreads the texts over its threads (a server's event loop keeps running); long
         texts are cut into pieces for that where the tokenizer allows (``TextPieces``)."""
-        if self._pieces is not None and any(len(t) >= 2 * MIN_PIECE_CHARS for t in texts):
+        if self._pieces is not None and self._pieces.cuts_any(texts):
             return self._pieces.encode_batch(texts, add_special_tokens)
         encodings = self.rust.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [encoding.ids for encoding in encodings]

@@ -342,7 +342,7 @@ class AsyncEngine:
         checking them) or no tokenizer (text is refused)."""
         if self._batcher is not None and any(isinstance(p, str) for p in prompts):
             return await self._batcher.encode_prompts(prompts, on_encoded)
-        return _run(on_encoded, [self.prompts.encode_prompt(p) for p in prompts])
+        return _encoded_here(on_encoded, [self.prompts.encode_prompt(p) for p in prompts])
 
     async def encode_chat(
         self,
@@ -353,7 +353,7 @@ class AsyncEngine:
         """A conversation's token ids through the chat template (one prompt), as
         ``encode_prompts`` gives a prompt's (``ValueError`` naming ``messages``)."""
         if self._batcher is None:  # no tokenizer: refused
-            return _run(on_encoded, [self.prompts.encode_chat(messages, tools)])
+            return _encoded_here(on_encoded, [self.prompts.encode_chat(messages, tools)])
         return await self._batcher.encode_chat(messages, tools, on_encoded)
 
     def reserve(self, job_id: str, count: int) -> Job:
@@ -533,7 +533,9 @@ class AsyncEngine:
                 self._post(self._engine_failed, f"the engine process exited (exit code {code})")
 
 
-def _run(on_encoded: OnEncoded | None, prompts: list[list[int]]) -> list[list[int]]:
+def _encoded_here(on_encoded: OnEncoded | None, prompts: list[list[int]]) -> list[list[int]]:
+    """``prompts``, after ``on_encoded`` ran on them on the event loop (nothing to
+    tokenize, so the tokenizer thread is not asked)."""
     if on_encoded is not None:
         on_encoded(prompts)
     return prompts
