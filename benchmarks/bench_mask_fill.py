@@ -1,14 +1,20 @@
 """The host's per-step grammar work at batch scale, on the CPU (issue 17): ``burst256``'s
 shape, 256 rows under ``bench_structured.py``'s JSON schema with SmolLM2's tokenizer and
-llama-3.2-3b's 128,256-entry vocabulary, each row following its own instance of the schema,
-one token per step, as the engine's step loop would feed them.
+llama-3.2-3b's 128,256-entry vocabulary, one token per row per step, as the engine's step
+loop feeds them.
 
-    python benchmarks/bench_mask_fill.py [--rows 256] [--threads N]
+    python benchmarks/bench_mask_fill.py [--rows 256] [--paths random|instances]
+        [--lexers 1,16] [--steps 60] [--tokenizer DIR]
 
-Each step times ``SamplingBatch``'s grammar part (``_TokenBitmask.build``: the matchers
-consume the tokens they have not seen and the masks are filled), and reports the mean, p50
-and p99 over all steps, and the first step apart (where llguidance builds its lazy lexer
-states).
+``--paths instances``: each row writes its own instance of the schema (what a trained model
+writes). ``--paths random``: each row takes a token at random from those its mask allows, as
+``bench_structured.py``'s dummy weights do (strings of arbitrary tokens, the costly case).
+``--lexers``: the grammar compiled this many times, the rows' matchers copied from them in
+turn (``structured.CompiledGrammar``); every count runs the same token paths. Each step times
+the grammar part of a step (``start_bitmask``: the matchers consume their new token and the
+masks are filled in llguidance's threads, ``INFER_GRAMMAR_THREADS`` of them), and the report
+gives, per lexer count, the total over all steps, the first step apart (lexer states are
+built lazily) and the worst step.
 """
 
 from __future__ import annotations
@@ -16,17 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bench_structured import SCHEMA
 from infer.engine.request import Request
-from infer.engine.sampler import _TokenBitmask
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.structured import StructuredOutputs
+from infer.engine.structured import (
+    CompiledGrammar,
+    RequestGrammar,
+    StructuredOutputs,
+    grammar_for,
+    start_bitmask,
+)
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 
@@ -44,55 +56,77 @@ def _instance(rng: random.Random) -> str:
     return json.dumps(value)
 
 
+def _rows(compiled: CompiledGrammar, count: int) -> list[Request]:
+    future: Future[CompiledGrammar] = Future()
+    future.set_result(compiled)
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    rows = [Request(str(i), [1, 2, 3], 3, params, seed=0) for i in range(count)]
+    for request in rows:
+        request.grammar = RequestGrammar(future)
+    return rows
+
+
+def _random_allowed(bits: torch.Tensor, rng: np.random.Generator) -> list[int]:
+    allowed = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")[:, :VOCAB]
+    return [int(rng.choice(np.flatnonzero(row))) if row.any() else -1 for row in allowed]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3, help="runs (the best mean is kept)")
+    parser.add_argument("--paths", choices=["random", "instances"], default="random")
+    parser.add_argument("--lexers", default="1,16", help="lexer counts to compare")
+    parser.add_argument("--steps", type=int, default=60, help="at most this many steps")
+    parser.add_argument("--tokenizer", help="a directory with tokenizer.json (SmolLM2's)")
     args = parser.parse_args()
-    path = resolve_model("smollm2-135m").tokenizer_path
+    path = args.tokenizer or resolve_model("smollm2-135m").tokenizer_path
     assert path is not None
     tokenizer = Tokenizer.load(Path(path))
     assert tokenizer is not None
-    grammars = StructuredOutputs(tokenizer, VOCAB)
-    rng = random.Random(0)
+    grammar = grammar_for("json", SCHEMA)
+    lltokenizer = StructuredOutputs(tokenizer, VOCAB)._tokenizer()
+    counts = [int(c) for c in args.lexers.split(",")]
+    runs = {}
+    for count in counts:
+        compiled = CompiledGrammar(lltokenizer, grammar)
+        compiled.add_lexers(count)
+        runs[count] = _rows(compiled, args.rows)
+    instances = random.Random(0)
     paths = [
-        tokenizer.hf.encode(_instance(rng), add_special_tokens=False) for _ in range(args.rows)
+        tokenizer.hf.encode(_instance(instances), add_special_tokens=False)
+        for _ in range(args.rows)
     ]
-    params = SamplingParams(
-        temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
-    )
+    rng = np.random.default_rng(0)
+    seconds: dict[int, list[float]] = {count: [] for count in counts}
     device = torch.device("cpu")
-    runs = []
-    for _ in range(args.repeat):
-        requests = []
-        for i in range(args.rows):
-            request = Request(str(i), [1, 2, 3], 3, params, seed=0)
-            grammars.attach(request)
-            assert request.grammar is not None
-            request.grammar._compiled.result()
-            requests.append(request)
-        seconds = []
-        step = 0
-        while True:
-            batch = [r for r, p in zip(requests, paths) if r.num_output_tokens < len(p)]
-            if not batch:
-                break
+    for step in range(args.steps):
+        live = [k for k in range(args.rows) if args.paths == "random" or step < len(paths[k])]
+        if not live:
+            break
+        filled = {}
+        for count in counts:
+            batch = [runs[count][k] for k in live]
             start = time.perf_counter()
-            _TokenBitmask.build(batch, VOCAB, device)
-            seconds.append(time.perf_counter() - start)
-            for r, p in zip(requests, paths):
-                if r.num_output_tokens < len(p):
-                    r.token_ids.append(p[r.num_output_tokens])
-            step += 1
-        runs.append(seconds)
-    best = min(runs, key=statistics.mean)
-    later = sorted(best[1:])
-    p50, p99 = later[len(later) // 2], later[int(len(later) * 0.99)]
-    print(
-        f"{args.rows} rows, {len(best)} steps: first step {1e3 * best[0]:.2f} ms | later steps"
-        f" mean {1e3 * statistics.mean(later):.2f} ms, p50 {1e3 * p50:.2f}, p99 {1e3 * p99:.2f}"
-        f", max {1e3 * later[-1]:.2f} | all steps mean {1e3 * statistics.mean(best):.2f} ms"
-    )
+            started = start_bitmask(batch, VOCAB, device)
+            assert started is not None
+            filled[count] = started.result()[1]
+            seconds[count].append(time.perf_counter() - start)
+        if args.paths == "random":
+            chosen = _random_allowed(filled[counts[0]], rng)
+        else:
+            chosen = [paths[k][step] for k in live]
+        for count in counts:
+            for k, token in zip(live, chosen):
+                runs[count][k].token_ids.append(token)
+        if any(token < 0 for token in chosen):  # a row's grammar ended: stop all
+            break
+    for count in counts:
+        times = seconds[count]
+        print(
+            f"{args.rows} rows, {args.paths} paths, {count} lexer(s): {len(times)} steps,"
+            f" fills {1e3 * sum(times):.0f} ms, first step {1e3 * times[0]:.1f} ms,"
+            f" worst {1e3 * max(times):.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -57,17 +57,16 @@ class Request:
 
     def __post_init__(self) -> None:
         params = self.params
-        # Decided once here, read every step: which tokens stop it, and whether a plain
-        # argmax is all its sampling needs.
+        # Decided once here, read every step: which tokens stop it, and whether an argmax
+        # (within its grammar's mask, if it has one) is all its sampling needs.
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         self.stop_token_ids: frozenset[int] = frozenset(params.stop_token_ids) | eos
-        self.plain_greedy = (
+        self.greedy_argmax = (
             params.greedy
             and not params.needs_penalties
             and params.logprobs is None
             and params.min_tokens == 0
             and not params.logit_bias
-            and params.structured_outputs is None
         )
 
     @property

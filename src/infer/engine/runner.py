@@ -26,7 +26,7 @@ from infer.cache.protocol import CachePoolProtocol
 from infer.distributed.group import SINGLE, ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.request import Request, TokenLogprob
-from infer.engine.sampler import SamplerOutput, SamplingBatch, sample
+from infer.engine.sampler import SamplerOutput, SamplingBatch, greedy, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
 from infer.engine.structured import Bitmask
 from infer.models import DecoderModel
@@ -148,8 +148,8 @@ class ModelRunner:
         the settings are read from the requests now, the grammars' masks too unless their
         filling was started earlier (``bitmask``)."""
         sampling, logits = forwarded.requests, forwarded.logits
-        if all(r.plain_greedy for r in sampling):
-            out = SamplerOutput(logits.argmax(dim=-1))
+        if all(r.greedy_argmax for r in sampling):  # no settings to gather
+            out = greedy(logits, sampling, self.vocab_size, self.device, bitmask)
         else:
             batch = SamplingBatch.from_requests(
                 sampling, self.vocab_size, self.device, bitmask, forwarded.output_indices

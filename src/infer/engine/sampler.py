@@ -253,6 +253,23 @@ class SamplerOutput:
     top_logprobs: Tensor | None = None  # [B, N]
 
 
+def greedy(
+    logits: Tensor,
+    requests: list[Request],
+    vocab_size: int,
+    device: torch.device,
+    bitmask: Bitmask | None = None,
+) -> SamplerOutput:
+    """Each row's argmax, within its grammar's mask if it has one: the whole of sampling
+    when every row is ``Request.greedy_argmax``, without a ``SamplingBatch`` (256 rows'
+    settings take ~0.7 ms of the host's step to gather). ``bitmask`` as for
+    ``SamplingBatch.from_requests``."""
+    allowed = _TokenBitmask.build(requests, vocab_size, device, bitmask)
+    if allowed is not None:
+        logits = allowed.apply(logits)
+    return SamplerOutput(logits.argmax(dim=-1))
+
+
 def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     """Pick one token per row of ``logits [B, V]`` (float32)."""
     raw = logits

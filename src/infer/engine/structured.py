@@ -9,9 +9,9 @@ dependencies.
 - ``grammar_for`` checks a constraint and turns it into llguidance's grammar text, when
   ``StructuredOutputsParams`` is made (in the API process for the server).
 - ``StructuredOutputs`` (the engine's) compiles each distinct grammar once, in a worker
-  thread, and caches it; every constrained request gets its own copy of the compiled
-  matcher (``RequestGrammar``). The scheduler admits a request once its grammar is ready
-  (``next_admissible``); nobody else waits for it.
+  thread, and caches it (``CompiledGrammar``); every constrained request gets its own copy
+  of a compiled matcher (``RequestGrammar``). The scheduler admits a request once its
+  grammar is ready (``next_admissible``); nobody else waits for it.
 - ``start_bitmask`` starts filling a step's masks in llguidance's threads (the GIL
   released) after its forward pass was queued: for a step scheduled ahead, as soon as the
   previous step's tokens reach the host, and the engine records those tokens and schedules
@@ -74,6 +74,13 @@ SLICES = [
     _STRING_CHARS + "+",
 ]
 _MAX_DETAIL = 500
+# llguidance's copies of a matcher share its lexer behind one lock, so the masks of copies
+# of one compiled matcher are filled one at a time however many threads fill them. A
+# grammar that several requests use is compiled this many times per mask-filling thread,
+# and its requests' copies are spread over the compiled matchers (H100 host, 256 rows in
+# random strings, 8 threads, 50 steps: 962 ms of fills with one lexer, 315 with 8, 280
+# with 16, 268 with 32: ``benchmarks/bench_mask_fill.py``).
+LEXERS_PER_THREAD = 2
 
 
 class GrammarError(ValueError):
@@ -125,13 +132,48 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())[:_MAX_DETAIL]
 
 
+class CompiledGrammar:
+    """A grammar compiled for llguidance: the matchers requests copy theirs from. A copy
+    shares its source's lexer (and the lexer states it has built) behind a lock; sources
+    compiled apart share nothing, so copies of different sources fill masks in parallel."""
+
+    def __init__(self, tokenizer: LLTokenizer, grammar: str) -> None:
+        self._tokenizer = tokenizer
+        self._grammar = grammar
+        self._sources = [self._compiled()]
+        self._next = 0
+
+    def _compiled(self) -> LLMatcher:
+        matcher = LLMatcher(self._tokenizer, self._grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(_one_line(matcher.get_error()))
+        return matcher
+
+    @property
+    def num_lexers(self) -> int:
+        return len(self._sources)
+
+    def add_lexers(self, total: int) -> None:
+        """Compile more sources until there are ``total`` (in the worker thread: the
+        engine's thread may copy from those that exist meanwhile)."""
+        while len(self._sources) < total:
+            self._sources.append(self._compiled())
+
+    def copy(self) -> tuple[LLMatcher, int]:
+        """A new request's matcher and its lexer's index, the sources taken in turn."""
+        lexer = self._next % len(self._sources)
+        self._next += 1
+        return self._sources[lexer].deep_copy(), lexer
+
+
 class RequestGrammar:
     """One request's matcher: a copy of its grammar's compiled matcher, advanced over the
     request's output tokens as they become known."""
 
-    def __init__(self, compiled: Future[LLMatcher]) -> None:
+    def __init__(self, compiled: Future[CompiledGrammar]) -> None:
         self._compiled = compiled
         self._matcher: LLMatcher | None = None
+        self._lexer = 0  # which of its grammar's lexers the matcher shares
         self._consumed = 0  # output tokens the matcher has seen
 
     @property
@@ -151,10 +193,10 @@ class RequestGrammar:
         """What the matcher must do to reach the state after the request's output tokens and
         ``pending`` (a token sampled for it that the host has not recorded yet); counted as
         done (``CatchUp.apply`` does it, before the matcher is next used)."""
-        if self._matcher is None:
-            self._matcher = self._compiled.result().deep_copy()
+        if self._matcher is None:  # copied at first use: a grammar's lexers are added meanwhile
+            self._matcher, self._lexer = self._compiled.result().copy()
         count = request.num_output_tokens + (pending is not None)
-        catch_up = CatchUp(self._matcher, max(self._consumed - count, 0), [])
+        catch_up = CatchUp(self._matcher, self._lexer, max(self._consumed - count, 0), [])
         if count > self._consumed:  # only the new tokens: the output is not copied
             catch_up.tokens = request.token_ids[request.num_prompt_tokens + self._consumed :]
             if pending is not None:
@@ -166,9 +208,11 @@ class RequestGrammar:
 @dataclass
 class CatchUp:
     """A matcher's way to a request's latest tokens: take back ``rollback`` tokens (taken
-    back from the request), then consume ``tokens``."""
+    back from the request), then consume ``tokens``. ``lexer``: which of its grammar's
+    lexers the matcher shares."""
 
     matcher: LLMatcher
+    lexer: int
     rollback: int
     tokens: list[int]
 
@@ -186,12 +230,15 @@ def _broken(matcher: LLMatcher) -> None:
 
 class StructuredOutputs:
     """The engine's grammars: each distinct grammar is compiled once, off the step loop,
-    and kept (least recently used first out) for the requests that ask for it again."""
+    and kept (least recently used first out) for the requests that ask for it again. A
+    grammar asked for again gets lexers for the mask-filling threads
+    (``LEXERS_PER_THREAD``): one-off grammars do not pay for them."""
 
     def __init__(self, tokenizer: Tokenizer | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self._compiled: OrderedDict[str, Future[LLMatcher]] = OrderedDict()
+        self._compiled: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
+        self._reused: set[str] = set()  # grammars whose lexers were added
         self._lltokenizer: LLTokenizer | None = None
         self._lock = threading.Lock()  # the tokenizer is made in the first compile
         self._executor: ThreadPoolExecutor | None = None
@@ -206,25 +253,26 @@ class StructuredOutputs:
             raise ValueError("structured_outputs: this model has no tokenizer")
         request.grammar = RequestGrammar(self._compile(constraint.compiled_grammar))
 
-    def _compile(self, grammar: str) -> Future[LLMatcher]:
+    def _compile(self, grammar: str) -> Future[CompiledGrammar]:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer-grammar")
         future = self._compiled.get(grammar)
         if future is not None:
             self._compiled.move_to_end(grammar)
+            if grammar not in self._reused:
+                self._reused.add(grammar)
+                self._executor.submit(_add_lexers, future)
             return future
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer-grammar")
         future = self._executor.submit(self._build, grammar)
         self._compiled[grammar] = future
         if len(self._compiled) > MAX_CACHED_GRAMMARS:
-            self._compiled.popitem(last=False)
+            evicted, _ = self._compiled.popitem(last=False)
+            self._reused.discard(evicted)
         return future
 
-    def _build(self, grammar: str) -> LLMatcher:
+    def _build(self, grammar: str) -> CompiledGrammar:
         """Compile a grammar (in the worker thread; llguidance releases the GIL meanwhile)."""
-        matcher = LLMatcher(self._tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(_one_line(matcher.get_error()))
-        return matcher
+        return CompiledGrammar(self._tokenizer(), grammar)
 
     def _tokenizer(self) -> LLTokenizer:
         """llguidance's view of the vocabulary (~0.6 s to make, so made once, when the first
@@ -242,6 +290,12 @@ class StructuredOutputs:
                     slices=SLICES,
                 )
             return self._lltokenizer
+
+
+def _add_lexers(compiled: Future[CompiledGrammar]) -> None:
+    """Give a grammar that compiled its lexers for the mask-filling threads."""
+    if compiled.exception() is None:
+        compiled.result().add_lexers(LEXERS_PER_THREAD * _grammar_threads())
 
 
 def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request | None:
@@ -310,8 +364,8 @@ class Bitmask:
 
 
 def _catch_up(catch_ups: list[CatchUp]) -> None:
-    """Bring the matchers to their requests' tokens: the usual one new token each in
-    parallel (llguidance's threads), anything else one matcher at a time."""
+    """Bring the matchers to their requests' tokens (given by lexer): the usual one new
+    token each in parallel (llguidance's threads), anything else one matcher at a time."""
     singles = [c for c in catch_ups if len(c.tokens) == 1 and not c.rollback]
     for c in catch_ups:
         if len(c.tokens) != 1 or c.rollback:
@@ -347,13 +401,17 @@ def start_bitmask(
         assert request.grammar is not None
         catch_ups.append(request.grammar.catch_up(request, pending.get(request.request_id)))
 
+    # Matchers of one lexer side by side: llguidance's threads split the list into runs,
+    # so a thread mostly takes the lock of a lexer no other thread is using.
+    by_lexer = sorted(range(len(catch_ups)), key=lambda k: catch_ups[k].lexer)
+
     def fill() -> float:
         start = time.perf_counter()
-        _catch_up(catch_ups)
+        _catch_up([catch_ups[k] for k in by_lexer])
         if len(catch_ups) == 1:
             catch_ups[0].matcher.unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
         else:
-            matchers = [(c.matcher, k) for k, c in enumerate(catch_ups)]
+            matchers = [(catch_ups[k].matcher, k) for k in by_lexer]
             _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
         return time.perf_counter() - start
 

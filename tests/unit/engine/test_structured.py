@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from infer.engine.request import Request
-from infer.engine.sampler import SamplingBatch, sample
+from infer.engine.sampler import SamplingBatch, greedy, sample
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.structured import (
+    LEXERS_PER_THREAD,
     RequestGrammar,
     StructuredOutputs,
     grammar_for,
@@ -126,11 +127,32 @@ def test_waiting_requests_pass_one_whose_grammar_compiles() -> None:
     assert next_admissible(waiting, failed) is compiling
 
 
-def test_constrained_requests_are_not_plain_greedy_and_sample_after_the_host() -> None:
+def test_constrained_greedy_requests_take_the_argmax_and_sample_after_the_host() -> None:
     params = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a"))
     assert params.needs_output_tokens
-    assert not _request(params).plain_greedy
+    assert _request(params).greedy_argmax  # within their mask
     assert not SamplingParams().needs_output_tokens
+
+
+def test_greedy_rows_of_a_step_take_the_argmax_within_their_grammars_mask(
+    tokenizer: Tokenizer,
+) -> None:
+    """The sampler's greedy path (no settings gathered) gives the tokens of the full one:
+    the free row its argmax, the constrained row the best token its grammar allows."""
+    grammars = StructuredOutputs(tokenizer, 49152)
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    constrained = _request(SamplingParams(temperature=0.0, structured_outputs=choice), "c")
+    free = _request(SamplingParams(temperature=0.0), "f")
+    grammars.attach(constrained)
+    assert constrained.grammar is not None
+    while not constrained.grammar.ready:
+        time.sleep(0.01)
+    logits = torch.randn(2, 49152)
+    requests, cpu = [free, constrained], torch.device("cpu")
+    full = sample(logits.clone(), SamplingBatch.from_requests(requests, 49152, cpu))
+    fast = greedy(logits.clone(), requests, 49152, cpu)
+    assert fast.token_ids.tolist() == full.token_ids.tolist()
+    assert fast.token_ids[0] == logits[0].argmax()
 
 
 def test_one_parallel_fill_gives_each_row_its_own_mask(tokenizer: Tokenizer) -> None:
@@ -213,9 +235,68 @@ def test_the_finer_slices_give_the_default_slices_masks(tokenizer: Tokenizer) ->
     grammars = StructuredOutputs(tokenizer, 49152)
     default = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=49152, eos_token=[2])  # type: ignore[arg-type]
     grammar = grammar_for("json", schema)
-    ours = grammars._build(grammar)
+    ours, _ = grammars._build(grammar).copy()
     theirs = llguidance.LLMatcher(default, grammar)
     for token in [*tokens, None]:
         assert ours.compute_bitmask() == theirs.compute_bitmask()
         if token is not None:
             assert ours.consume_token(token) and theirs.consume_token(token)
+
+
+def _compiled(grammars: StructuredOutputs, request: Request) -> Any:
+    assert request.grammar is not None
+    return request.grammar._compiled.result()
+
+
+def _settled(grammars: StructuredOutputs) -> None:
+    """Wait for what the grammar worker has queued (lexers added after a compile)."""
+    assert grammars._executor is not None
+    grammars._executor.submit(lambda: None).result()
+
+
+def test_a_grammar_asked_for_again_gets_lexers_for_the_threads_and_spreads_its_copies(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFER_GRAMMAR_THREADS", "2")
+    grammars = StructuredOutputs(tokenizer, 49152)
+    once, first, again = (
+        _request(SamplingParams(structured_outputs=StructuredOutputsParams(regex=regex)))
+        for regex in ("a+", "b+", "b+")
+    )
+    for request in (once, first, again):
+        grammars.attach(request)
+    _settled(grammars)
+    assert _compiled(grammars, once).num_lexers == 1  # a one-off grammar pays for no more
+    shared = _compiled(grammars, first)
+    assert shared is _compiled(grammars, again)
+    assert shared.num_lexers == LEXERS_PER_THREAD * 2
+    lexers = [shared.copy()[1] for _ in range(2 * shared.num_lexers)]
+    assert lexers == [*range(shared.num_lexers)] * 2
+
+
+def test_rows_copied_from_different_lexers_get_their_own_masks(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight requests of one schema, spread over four lexers, each at its own place in the
+    example: one parallel fill gives every row the mask its matcher gives alone."""
+    monkeypatch.setenv("INFER_GRAMMAR_THREADS", "2")
+    grammars = StructuredOutputs(tokenizer, 49152)
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=CASES[1]["schema"]))
+    output = tokenizer.hf.encode(json.dumps(CASES[1]["example"]), add_special_tokens=False)
+    requests = [_request(params, f"r{k}") for k in range(8)]
+    for request in requests:
+        grammars.attach(request)
+    _settled(grammars)
+    for k, request in enumerate(requests):
+        request.token_ids += output[: 2 * k]
+    started = start_bitmask(requests, 49152, torch.device("cpu"))
+    assert started is not None
+    rows, bits = started.result()
+    assert rows == list(range(8))
+    assert {r.grammar._lexer for r in requests if r.grammar is not None} == {0, 1, 2, 3}
+    for k, request in enumerate(requests):
+        alone = _compiled(grammars, request).copy()[0]
+        assert alone.consume_tokens(output[: 2 * k])
+        expected = torch.zeros(bits.shape[1], dtype=torch.int32)
+        alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
+        assert torch.equal(bits[k], expected), request.request_id
