@@ -34,6 +34,15 @@ def test_frozen_heap_freezes_what_exists_and_still_collects_new_cycles() -> None
     assert gc.get_freeze_count() == 0
 
 
+def test_a_frozen_heap_inside_a_frozen_heap_changes_nothing() -> None:
+    with frozen_heap():
+        count = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == count  # the outer block's heap stays frozen
+    assert gc.get_freeze_count() == 0
+
+
 def test_freeze_heap_collects_garbage_first() -> None:
     garbage = _cycle()
     try:

@@ -13,6 +13,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message
 
@@ -85,6 +86,16 @@ class LLM:
         return self.engine.cache_stats()
 
     def _run(
+        self,
+        prompts: list[list[int]],
+        texts: list[str | None],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[GenerationResult]:
+        with frozen_heap():  # no full collection scans the model's heap while this runs
+            return self._generate(prompts, texts, sampling_params, use_tqdm)
+
+    def _generate(
         self,
         prompts: list[list[int]],
         texts: list[str | None],
