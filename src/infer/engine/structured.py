@@ -78,8 +78,8 @@ _MAX_DETAIL = 500
 # of one compiled matcher are filled one at a time however many threads fill them. A
 # grammar that several requests use is compiled this many times per mask-filling thread,
 # and its requests' copies are spread over the compiled matchers (H100 host, 256 rows in
-# random strings, 8 threads, 50 steps: 962 ms of fills with one lexer, 315 with 8, 280
-# with 16, 268 with 32: ``benchmarks/bench_mask_fill.py``).
+# random strings, 8 threads, 50 steps: 703 ms of fills with one lexer, 227 with 8, 201
+# with 16, 189 with 32: ``benchmarks/bench_mask_fill.py``).
 LEXERS_PER_THREAD = 2
 
 
