@@ -1,13 +1,15 @@
 """Structured outputs at batch scale: ``burst256`` with every request under a JSON schema
 against the same requests free, in one process (issue 17).
 
-    python benchmarks/bench_structured.py --model DIR [--output results.json]
+    python benchmarks/bench_structured.py --model DIR [--output results.json] [--scoreboard]
 
 ``DIR`` is a checkpoint directory with a tokenizer (``bench_serving_vs_vllm.py --phases
 prepare`` writes dummy llama-3.2-3b with SmolLM2's tokenizer); weights are dummy. The
 constrained run's requests stop where their JSON ends, so both runs report output tokens
 per second, and the constrained one also, per step, how long llguidance took to fill the
 token masks and how long sampling waited for them (``structured.Bitmask``).
+``--scoreboard`` writes the headline figures into ``benchmarks/results/scoreboard.json``
+(``INFER_SCOREBOARD`` elsewhere).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from infer import LLM, SamplingParams
+from infer.bench import scoreboard
 from infer.bench.workloads import make_workload
 from infer.engine import structured
 from infer.engine.sampling_params import StructuredOutputsParams
@@ -116,6 +119,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, help="scale burst256 (a quick check)")
     parser.add_argument("--max-tokens", type=int, help="cap each request's output")
     parser.add_argument("--trace", type=Path, help="record the measured runs' steps here")
+    parser.add_argument("--scoreboard", action="store_true", help="record the headline figures")
     args = parser.parse_args()
     # No prefix cache: the free run repeats the constrained run's prompts, and would find
     # them cached (its prefill skipped) where the constrained run computed them.
@@ -157,6 +161,18 @@ def main() -> None:
         **_stats("mask_fill_ms", fills),
         **_stats("mask_wait_ms", waits),
     }
+    if args.scoreboard:
+        model = Path(args.model).name.removeprefix("ckpt-")  # prepare's folder: ckpt-<preset>
+        prefix = f"structured/{model}/burst256"
+        scoreboard.update_many(
+            {
+                f"{prefix}/free/output_tok_s": (free_run["output_tok_s"], "tok/s"),
+                f"{prefix}/json_schema/output_tok_s": (schema_run["output_tok_s"], "tok/s"),
+                f"{prefix}/json_schema_vs_free": (report["schema_vs_free"], "ratio"),
+                f"{prefix}/mask_fill_ms_mean": (report["mask_fill_ms_mean"], "ms"),
+                f"{prefix}/mask_wait_ms_mean": (report["mask_wait_ms_mean"], "ms"),
+            }
+        )
     text = json.dumps(report, indent=2)
     if args.output is not None:
         args.output.write_text(text)
