@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,3 +130,10 @@ def smollm2_llm() -> Iterator[Any]:
     from infer import LLM
 
     yield LLM("smollm2-135m", num_gpu_blocks=512, max_seq_len=2048, max_batch_size=32)
+
+
+@pytest.fixture
+def unfrozen_heap() -> None:
+    """A heap no one has frozen: tests that start the API app in this process leave it
+    frozen (the app freezes its start-up heap), and freezing is what these tests check."""
+    gc.unfreeze()

@@ -154,6 +154,7 @@ def test_timings_are_reported_per_token(llama: str) -> None:
     assert completion.token_times_s[0] == pytest.approx(completion.ttft_s)
 
 
+@pytest.mark.usefixtures("unfrozen_heap")
 def test_generate_steps_with_the_heap_frozen_and_hands_it_back(llama: str) -> None:
     """No full collection scans the model's heap between steps (a pause of ~250 ms was
     measured in a 256-request burst); after the call everything is collectable again."""

@@ -9,7 +9,11 @@ import sys
 import textwrap
 import weakref
 
+import pytest
+
 from infer.heap import freeze_heap, frozen_heap
+
+pytestmark = pytest.mark.usefixtures("unfrozen_heap")
 
 
 class Node:
