@@ -7,6 +7,8 @@ outputs, the part that must stay below the GPU's step time for the device never 
     python benchmarks/host_step_cpu.py --profile spy.txt   # py-spy (raw) of the measured steps
     python benchmarks/host_step_cpu.py --served            # each step's events sent as the
                                                            # server's engine process sends them
+    python benchmarks/host_step_cpu.py --schema            # every row under bench_structured's
+                                                           # JSON schema (grammar masks filled)
 
 Needs a checkpoint folder with a tokenizer (``--model``, default: the tiny one this script
 writes into ``.cache/host-step-ckpt``: llama shapes shrunk to 2 layers, SmolLM2's tokenizer).
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from bench_structured import SCHEMA  # beside this script
 from infer import LLM, SamplingParams
 from infer.attention.metadata import host_batch
 from infer.bench.checkpoint import write_checkpoint
@@ -38,6 +41,8 @@ from infer.engine import runner as runner_module
 from infer.engine.engine import Engine
 from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.sampler import SamplerOutput
+from infer.engine.sampling_params import StructuredOutputsParams
+from infer.engine.structured import Bitmask
 from infer.heap import frozen_heap
 from infer.server.engine_process import _EngineLoop, _Outbox
 
@@ -58,7 +63,9 @@ def tiny_checkpoint(folder: Path) -> Path:
 
 
 def null_model(llm: LLM, max_rows: int) -> None:
-    """No model pass (the graph runner's host part only), random tokens for samples."""
+    """No model pass (the graph runner's host part only), random tokens for samples: for a
+    constrained row one its mask allows (a random word of the mask with a bit set, its
+    lowest bit), as random weights pick."""
     runner = llm.engine.runner
     block_size = llm.engine.pool.block_size
     width = llm.engine.max_seq_len // block_size
@@ -68,8 +75,15 @@ def null_model(llm: LLM, max_rows: int) -> None:
             host_batch(step.sequences, block_size, max_rows, width, max_rows)
         return torch.empty(0)
 
-    def sample(forwarded: ForwardedStep, bitmask: object = None) -> LaunchedStep:
+    def sample(forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
         tokens = torch.randint(1000, 40000, (len(forwarded.requests),))
+        if bitmask is not None:
+            rows, bits = bitmask.result()
+            priority = torch.rand(bits.shape[1])
+            word = ((bits != 0) * priority).argmax(dim=1)
+            value = bits.gather(1, word[:, None])[:, 0].to(torch.int64) & 0xFFFFFFFF
+            lowest = torch.log2((value & -value).to(torch.float64)).to(torch.int64)
+            tokens[torch.tensor(rows)] = word * 32 + lowest
         return runner_module._copy_to_host(SamplerOutput(tokens), forwarded.requests)
 
     runner.run_model = run_model  # type: ignore[method-assign]
@@ -103,6 +117,9 @@ def main() -> None:
     parser.add_argument(
         "--served", action="store_true", help="send each step's events to another process"
     )
+    parser.add_argument(
+        "--schema", action="store_true", help="every row under bench_structured.py's schema"
+    )
     args = parser.parse_args()
     model = args.model or tiny_checkpoint(Path(".cache/host-step-ckpt"))
     llm = LLM(str(model), load_format="dummy", max_seq_len=4096, device="cpu",
@@ -110,8 +127,13 @@ def main() -> None:
     null_model(llm, args.rows)
     engine = llm.engine
     rng = random.Random(0)
+    constraint = StructuredOutputsParams(json=SCHEMA) if args.schema else None
     params = SamplingParams(
-        temperature=0.0, max_tokens=3500, ignore_eos=True, detokenize=not args.no_detokenize
+        temperature=0.0,
+        max_tokens=3500,
+        ignore_eos=not args.schema,
+        detokenize=not args.no_detokenize,
+        structured_outputs=constraint,
     )
     for i in range(args.rows):
         prompt = [rng.randrange(1000, 40000) for _ in range(rng.randint(128, 384))]
@@ -135,6 +157,7 @@ def main() -> None:
         spy.wait()
     result: dict[str, Any] = {
         "rows": args.rows,
+        "schema": args.schema,
         "detokenize": not args.no_detokenize,
         "host_ms_per_step_p50": round(1000 * statistics.median(times), 3),
         "host_ms_per_step_mean": round(1000 * statistics.fmean(times), 3),

@@ -38,6 +38,15 @@ def test_frozen_heap_freezes_what_exists_and_still_collects_new_cycles() -> None
     assert gc.get_freeze_count() == 0
 
 
+def test_a_heap_someone_froze_a_little_of_is_still_frozen_for_the_block() -> None:
+    """A library had frozen a few objects on the GPU machine; the block freezes the rest."""
+    gc.freeze()  # what that library did, before the model's objects existed
+    survivor = Node()
+    with frozen_heap():
+        assert all(obj is not survivor for obj in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_frozen_heap_inside_a_frozen_heap_changes_nothing() -> None:
     with frozen_heap():
         count = gc.get_freeze_count()
