@@ -38,6 +38,15 @@ def test_frozen_heap_freezes_what_exists_and_still_collects_new_cycles() -> None
     assert gc.get_freeze_count() == 0
 
 
+def test_full_collections_wait_for_the_end_of_a_frozen_heap() -> None:
+    before = gc.get_threshold()
+    with frozen_heap():
+        young, middle, full = gc.get_threshold()
+        assert (young, middle) == before[:2]  # young cycles are still collected
+        assert full >= 2**30
+    assert gc.get_threshold() == before
+
+
 def test_a_heap_someone_froze_a_little_of_is_still_frozen_for_the_block() -> None:
     """A library had frozen a few objects on the GPU machine; the block freezes the rest."""
     gc.freeze()  # what that library did, before the model's objects existed
