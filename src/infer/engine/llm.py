@@ -85,17 +85,8 @@ class LLM:
         """Pool utilisation, fragmentation, allocation rates, preemptions, evictions, leaks."""
         return self.engine.cache_stats()
 
+    @frozen_heap()  # no full collection scans the model's heap while it runs
     def _run(
-        self,
-        prompts: list[list[int]],
-        texts: list[str | None],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        use_tqdm: bool,
-    ) -> list[GenerationResult]:
-        with frozen_heap():  # no full collection scans the model's heap while this runs
-            return self._generate(prompts, texts, sampling_params, use_tqdm)
-
-    def _generate(
         self,
         prompts: list[list[int]],
         texts: list[str | None],

@@ -61,15 +61,20 @@ def _caught_up(request: Request, output: list[int]) -> Any:
     return catch_up.matcher
 
 
-def test_the_bitmask_bans_what_the_grammar_forbids(tokenizer: Tokenizer) -> None:
+def _free_and_yes_or_no(tokenizer: Tokenizer) -> tuple[Request, Request]:
+    """A free greedy request and one that must answer "yes" or "no", its grammar compiled."""
     grammars = StructuredOutputs(tokenizer, 49152)
     choice = StructuredOutputsParams(choice=["yes", "no"])
     constrained = _request(SamplingParams(temperature=0.0, structured_outputs=choice), "c")
-    free = _request(SamplingParams(temperature=0.0), "f")
     grammars.attach(constrained)
     assert constrained.grammar is not None
     while not constrained.grammar.ready:
         time.sleep(0.01)
+    return _request(SamplingParams(temperature=0.0), "f"), constrained
+
+
+def test_the_bitmask_bans_what_the_grammar_forbids(tokenizer: Tokenizer) -> None:
+    free, constrained = _free_and_yes_or_no(tokenizer)
     logits = torch.randn(2, 49152)
     batch = SamplingBatch.from_requests([free, constrained], 49152, torch.device("cpu"))
     tokens = sample(logits.clone(), batch).token_ids.tolist()
@@ -139,16 +144,8 @@ def test_greedy_rows_of_a_step_take_the_argmax_within_their_grammars_mask(
 ) -> None:
     """The sampler's greedy path (no settings gathered) gives the tokens of the full one:
     the free row its argmax, the constrained row the best token its grammar allows."""
-    grammars = StructuredOutputs(tokenizer, 49152)
-    choice = StructuredOutputsParams(choice=["yes", "no"])
-    constrained = _request(SamplingParams(temperature=0.0, structured_outputs=choice), "c")
-    free = _request(SamplingParams(temperature=0.0), "f")
-    grammars.attach(constrained)
-    assert constrained.grammar is not None
-    while not constrained.grammar.ready:
-        time.sleep(0.01)
+    requests, cpu = [*_free_and_yes_or_no(tokenizer)], torch.device("cpu")
     logits = torch.randn(2, 49152)
-    requests, cpu = [free, constrained], torch.device("cpu")
     full = sample(logits.clone(), SamplingBatch.from_requests(requests, 49152, cpu))
     fast = greedy(logits.clone(), requests, 49152, cpu)
     assert fast.token_ids.tolist() == full.token_ids.tolist()
