@@ -3,7 +3,9 @@
 ``trace_engine(engine, path)`` wraps the engine's scheduler and runner methods in place and
 appends one JSON line per call to ``path``: the method, its start and end
 (``time.perf_counter``, comparable across the processes of one machine) and what it handled
-(chunks, tokens, prompt tokens, rows that sample, graph or eager). ``summarize(path)`` turns
+(chunks, tokens, prompt tokens, rows that sample, graph or eager). Full garbage collections
+are recorded too (``gc``: how many objects they saw and whether the heap was frozen), since
+one can stall a step for tens of milliseconds. ``summarize(path)`` turns
 such a file into per-phase totals and the steps' shapes over time.
 
     engine = LLM(...).engine;  trace_engine(engine, Path("trace.jsonl"))
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import time
 from collections import defaultdict
@@ -83,6 +86,7 @@ def trace_engine(engine: Engine, path: Path) -> None:
     if engine.runner.graphs is not None:
         _wrap(engine.runner.graphs, "run", writer, lambda a, r: {"graph": r is not None})
     _wrap(engine, "add_request", writer, lambda a, r: {"prompt": len(a[0])})
+    _record_full_collections(writer)
     _wrap(
         engine,
         "step",
@@ -94,6 +98,22 @@ def trace_engine(engine: Engine, path: Path) -> None:
         },
         flush=True,
     )
+
+
+def _record_full_collections(writer: _Writer) -> None:
+    started: dict[str, Any] = {}
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started.update(objects=len(gc.get_objects(generation=2)))
+            started.update(frozen=gc.get_freeze_count(), t0=time.perf_counter())
+            return
+        what = {k: started[k] for k in ("objects", "frozen")}
+        writer.write("gc", started["t0"], time.perf_counter(), what)
+
+    gc.callbacks.append(record)
 
 
 def summarize(path: Path, start: float | None = None, end: float | None = None) -> None:
