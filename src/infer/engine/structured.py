@@ -81,6 +81,9 @@ _MAX_DETAIL = 500
 # random strings, 8 threads, 50 steps: 703 ms of fills with one lexer, 227 with 8, 201
 # with 16, 189 with 32: ``benchmarks/bench_mask_fill.py``).
 LEXERS_PER_THREAD = 2
+# Grammars that keep their extra lexers (the most recently used; the others go back to
+# one): a lexer grows by ~0.17 MB of states over 60 steps of random strings.
+MAX_GRAMMARS_WITH_LEXERS = 16
 
 
 class GrammarError(ValueError):
@@ -159,11 +162,16 @@ class CompiledGrammar:
         while len(self._sources) < total:
             self._sources.append(self._compiled())
 
+    def drop_lexers(self) -> None:
+        """Back to the first source (matchers copied from the others keep theirs)."""
+        self._sources = self._sources[:1]
+
     def copy(self) -> tuple[LLMatcher, int]:
         """A new request's matcher and its lexer's index, the sources taken in turn."""
-        lexer = self._next % len(self._sources)
+        sources = self._sources  # one list, whatever the worker thread does meanwhile
+        lexer = self._next % len(sources)
         self._next += 1
-        return self._sources[lexer].deep_copy(), lexer
+        return sources[lexer].deep_copy(), lexer
 
 
 class RequestGrammar:
@@ -238,7 +246,8 @@ class StructuredOutputs:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._compiled: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
-        self._reused: set[str] = set()  # grammars whose lexers were added
+        # grammars whose lexers were added, least recently used first
+        self._reused: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
         self._lltokenizer: LLTokenizer | None = None
         self._lock = threading.Lock()  # the tokenizer is made in the first compile
         self._executor: ThreadPoolExecutor | None = None
@@ -259,16 +268,27 @@ class StructuredOutputs:
         future = self._compiled.get(grammar)
         if future is not None:
             self._compiled.move_to_end(grammar)
-            if grammar not in self._reused:
-                self._reused.add(grammar)
-                self._executor.submit(_add_lexers, future)
+            self._reuse(grammar, future)
             return future
         future = self._executor.submit(self._build, grammar)
         self._compiled[grammar] = future
         if len(self._compiled) > MAX_CACHED_GRAMMARS:
             evicted, _ = self._compiled.popitem(last=False)
-            self._reused.discard(evicted)
+            self._reused.pop(evicted, None)
         return future
+
+    def _reuse(self, grammar: str, future: Future[CompiledGrammar]) -> None:
+        """A grammar asked for again keeps (or gets) lexers for the mask-filling threads;
+        beyond ``MAX_GRAMMARS_WITH_LEXERS``, the least recently used one gives its back."""
+        assert self._executor is not None
+        if grammar in self._reused:
+            self._reused.move_to_end(grammar)
+            return
+        self._reused[grammar] = future
+        self._executor.submit(_add_lexers, future)
+        if len(self._reused) > MAX_GRAMMARS_WITH_LEXERS:
+            _, oldest = self._reused.popitem(last=False)
+            self._executor.submit(_drop_lexers, oldest)
 
     def _build(self, grammar: str) -> CompiledGrammar:
         """Compile a grammar (in the worker thread; llguidance releases the GIL meanwhile)."""
@@ -296,6 +316,11 @@ def _add_lexers(compiled: Future[CompiledGrammar]) -> None:
     """Give a grammar that compiled its lexers for the mask-filling threads."""
     if compiled.exception() is None:
         compiled.result().add_lexers(LEXERS_PER_THREAD * _grammar_threads())
+
+
+def _drop_lexers(compiled: Future[CompiledGrammar]) -> None:
+    if compiled.exception() is None:
+        compiled.result().drop_lexers()
 
 
 def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request | None:

@@ -20,6 +20,7 @@ from infer.engine.sampler import SamplingBatch, greedy, sample
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.structured import (
     LEXERS_PER_THREAD,
+    MAX_GRAMMARS_WITH_LEXERS,
     RequestGrammar,
     StructuredOutputs,
     grammar_for,
@@ -297,3 +298,27 @@ def test_rows_copied_from_different_lexers_get_their_own_masks(
         expected = torch.zeros(bits.shape[1], dtype=torch.int32)
         alone.unsafe_compute_mask_ptr(expected.data_ptr(), expected.numel() * 4)
         assert torch.equal(bits[k], expected), request.request_id
+
+
+def test_only_the_most_recently_reused_grammars_keep_their_lexers(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lexers grow with use, so beyond ``MAX_GRAMMARS_WITH_LEXERS`` grammars the least
+    recently reused one goes back to one (its requests' matchers keep theirs)."""
+    monkeypatch.setenv("INFER_GRAMMAR_THREADS", "1")
+    grammars = StructuredOutputs(tokenizer, 49152)
+    count = MAX_GRAMMARS_WITH_LEXERS + 1
+    requests = [
+        _request(SamplingParams(structured_outputs=StructuredOutputsParams(regex=f"a{{{k}}}")))
+        for k in range(1, count + 1)
+        for _ in range(2)  # asked for twice: reused
+    ]
+    for request in requests[:2]:
+        grammars.attach(request)
+    kept = _compiled(grammars, requests[0]).copy()[0]
+    for request in requests[2:]:
+        grammars.attach(request)
+    _settled(grammars)
+    lexers = [_compiled(grammars, r).num_lexers for r in requests[::2]]
+    assert lexers == [1] + [LEXERS_PER_THREAD] * (count - 1)
+    assert kept.consume_token(tokenizer.hf.encode("a", add_special_tokens=False)[0])
