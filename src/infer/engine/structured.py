@@ -204,6 +204,9 @@ class RequestGrammar:
         if self._matcher is None:  # copied at first use: a grammar's lexers are added meanwhile
             self._matcher, self._lexer = self._compiled.result().copy()
         count = request.num_output_tokens + (pending is not None)
+        if pending is not None and count == self._consumed + 1:  # a step's usual: one token
+            self._consumed = count
+            return CatchUp(self._matcher, self._lexer, 0, [pending])
         catch_up = CatchUp(self._matcher, self._lexer, max(self._consumed - count, 0), [])
         if count > self._consumed:  # only the new tokens: the output is not copied
             catch_up.tokens = request.token_ids[request.num_prompt_tokens + self._consumed :]
@@ -213,7 +216,7 @@ class RequestGrammar:
         return catch_up
 
 
-@dataclass
+@dataclass(slots=True)
 class CatchUp:
     """A matcher's way to a request's latest tokens: take back ``rollback`` tokens (taken
     back from the request), then consume ``tokens``. ``lexer``: which of its grammar's
