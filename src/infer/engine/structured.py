@@ -322,6 +322,7 @@ def _add_lexers(compiled: Future[CompiledGrammar]) -> None:
 
 
 def _drop_lexers(compiled: Future[CompiledGrammar]) -> None:
+    """Take a grammar that compiled back to one lexer (its states no longer kept)."""
     if compiled.exception() is None:
         compiled.result().drop_lexers()
 
@@ -392,8 +393,8 @@ class Bitmask:
 
 
 def _catch_up(catch_ups: list[CatchUp]) -> None:
-    """Bring the matchers to their requests' tokens (given by lexer): the usual one new
-    token each in parallel (llguidance's threads), anything else one matcher at a time."""
+    """Bring the matchers to their requests' tokens (given in lexer order): the usual one
+    new token each in parallel (llguidance's threads), anything else one matcher at a time."""
     singles = [c for c in catch_ups if len(c.tokens) == 1 and not c.rollback]
     for c in catch_ups:
         if len(c.tokens) != 1 or c.rollback:
