@@ -43,7 +43,9 @@ from infer.kernels.paged_attention import (
     TileConfig,
     decode_config,
     num_kv_splits,
+    num_prefill_splits,
     prefill_config,
+    prefill_rows,
 )
 
 LLAMA = (24, 8, 128)  # Llama-3.2-3B: query heads, KV heads, head_dim
@@ -255,6 +257,32 @@ def sweep() -> None:
             )  # fmt: skip
 
 
+def bench_mixed() -> None:
+    """A graph bucket's mixed step: 7 decode rows beside one sequence's new tokens over a
+    long context (a cached prefix, a last chunk), with the graph's bounds for the lengths
+    (``max_seq_len`` 8192): prefill tiles by the pieces its keys are cut into."""
+    decodes = [(600, 1)] * 7
+    tiles = [(128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 2), (32, 64, 4, 2), (16, 64, 4, 2)]
+    for ctx, new in [(1100, 9), (1100, 40), (4000, 9), (1100, 384)]:
+        q, k, v, metas = paged_batches([(ctx, new), *decodes], LLAMA, copies=16)
+        for meta in metas:
+            meta.max_seq_len = 8192
+        scale = LLAMA[2] ** -0.5
+        for shape, splits in itertools.product(tiles, (1, 2, 4, 8, 16, 32)):
+            tile = TileConfig(*shape)
+            block_q = prefill_rows(tile, LLAMA[0] // LLAMA[1])[1]
+            default = num_prefill_splits(q.shape[0], block_q, LLAMA[1], 8192, q.device)
+            calls = [
+                partial(paged_attention_triton, q, k, v, meta, scale, prefill_tile=tile,
+                        prefill_splits=splits)
+                for meta in metas
+            ]  # fmt: skip
+            emit(
+                kind="mixed", context=ctx, new_tokens=new, tile=list(shape), splits=splits,
+                default_splits=default, us=round(graph_ms(calls) * 1e3, 1),
+            )  # fmt: skip
+
+
 def tables() -> str:
     lines = [
         "| batch | context | splits | GPU µs | GB/s | % of copy | eager µs "
@@ -295,10 +323,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default=f"benchmarks/results/kernels-{date}.json")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tiles")
+    parser.add_argument(
+        "--mixed", action="store_true", help="only a mixed step's prefill tiles and key splits"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
     torch.manual_seed(0)
+    if args.mixed:
+        bench_mixed()
+        return
     props = torch.cuda.get_device_properties(0)
     copy_tb_s = copy_bandwidth()
     emit(kind="ceiling", gpu=props.name, copy_tb_s=round(copy_tb_s, 3))

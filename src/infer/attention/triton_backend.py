@@ -28,8 +28,8 @@ def paged_attention_triton(
     """``paged_attention`` for one layer of a step; ``overrides`` are its tile and split
     keywords (tests and kernel benchmarks)."""
 
-    def scratch(shape: tuple[int, ...], num_kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-        return _step_scratch(meta, shape, num_kv_heads, q.device)
+    def scratch(shape: tuple[int, ...], counters: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        return _step_scratch(meta, shape, counters, q.device)
 
     return paged_attention(
         q, k_cache, v_cache, meta, scale, sliding_window, scratch=scratch, **overrides
@@ -37,9 +37,12 @@ def paged_attention_triton(
 
 
 def _step_scratch(
-    meta: AttentionMetadata, shape: tuple[int, ...], num_kv_heads: int, device: torch.device
+    meta: AttentionMetadata,
+    shape: tuple[int, ...],
+    counters: tuple[int, int],
+    device: torch.device,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    key = f"paged_attention_splits_{shape}_{num_kv_heads}"
+    key = f"paged_attention_splits_{shape}_{counters}"
     if key not in meta.derived:
-        meta.derived[key] = new_split_scratch(shape, num_kv_heads, device)
+        meta.derived[key] = new_split_scratch(shape, counters, device)
     return meta.derived[key]

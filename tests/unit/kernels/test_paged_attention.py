@@ -18,6 +18,7 @@ from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.paged_attention import (
     SHORT_PREFILL_LEN,
+    SMALL_STEP_TOKENS,
     TileConfig,
     prefill_config,
     triton_paged_attention,
@@ -75,7 +76,9 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 def run_batch(specs: list[tuple[int, int]], window: int = 0, **kwargs) -> None:
     """Builds a batch, runs the kernels and the reference, compares them."""
-    options = {k: kwargs.pop(k) for k in ("num_splits", "decode_tile") if k in kwargs}
+    options = {
+        k: kwargs.pop(k) for k in ("num_splits", "prefill_splits", "decode_tile") if k in kwargs
+    }
     q, k, v, meta = make_batch(specs, **kwargs)
     tile = SMALL_PREFILL if kwargs.get("head_dim", 32) <= 64 else None
     out = paged_attention_triton(
@@ -285,6 +288,15 @@ def test_prefill_tile_follows_the_longest_sequence() -> None:
     )  # fmt: skip
 
 
+def test_a_small_step_gets_the_narrow_tile_and_is_right() -> None:
+    """A cached prefix's few new tokens beside a decode row: 64-row tiles, keys in pieces."""
+    assert prefill_config(128, 8192, 2, SMALL_STEP_TOKENS) == TileConfig(64, 64, 4, 2)
+    assert prefill_config(128, 8192, 2, SMALL_STEP_TOKENS + 1) != TileConfig(64, 64, 4, 2)
+    run_batch(
+        [(150, 9), (60, 1)], heads=(6, 2), head_dim=128, dtype=torch.float16, prefill_splits=3
+    )
+
+
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
 @pytest.mark.parametrize("window", [0, 45])
 def test_split_kv_decode(num_splits: int, window: int) -> None:
@@ -302,6 +314,29 @@ def test_split_kv_decode_reuses_its_scratch_across_calls(num_splits: int) -> Non
         assert_matches(out, reference(q_layer, k, v, meta))
     scratch = [v for key, v in meta.derived.items() if key.startswith("paged_attention_splits")]
     assert len(scratch) == 1 and scratch[0][-1].count_nonzero() == 0
+
+
+@pytest.mark.parametrize("prefill_splits", [2, 5, 9])
+@pytest.mark.parametrize("window", [0, 37])
+def test_split_kv_prefill(prefill_splits: int, window: int) -> None:
+    """Prefill tiles whose keys are cut into pieces, merged by the last piece to finish: a
+    cached prefix's few new tokens, a chunk over a longer context, a whole prompt, and pieces
+    that get no key at all (more pieces than key steps)."""
+    specs = [(200, 5), (150, 40), (33, 33), (90, 1), (20, 3)]
+    run_batch(specs, window, heads=(6, 2), prefill_splits=prefill_splits)
+
+
+def test_split_kv_prefill_reuses_its_scratch_across_calls() -> None:
+    """Layers of a step share the split partials; each call overwrites every piece it reads."""
+    q, k, v, meta = make_batch([(130, 9), (70, 1), (40, 20)], heads=(4, 2))
+    for layer in range(3):
+        q_layer = q + layer
+        out = paged_attention_triton(
+            q_layer, k, v, meta, 32**-0.5, prefill_tile=SMALL_PREFILL, prefill_splits=4
+        )
+        assert_matches(out, reference(q_layer, k, v, meta))
+    scratch = [v for key, v in meta.derived.items() if key.startswith("paged_attention_splits")]
+    assert len(scratch) == 1
 
 
 def test_split_kv_decode_rows_in_mixed_batch() -> None:
@@ -364,8 +399,9 @@ def test_a_step_padded_to_a_graph_bucket_changes_no_real_row(num_splits: int, wi
     padded = _padded_to_bucket(meta, rows=8, tokens=real + 13)
     q_padded = torch.cat([q, torch.randn(13, *q.shape[1:])])
     out = paged_attention_triton(
-        q_padded, k, v, padded, 32**-0.5, window, prefill_tile=SMALL_PREFILL, num_splits=num_splits
-    )
+        q_padded, k, v, padded, 32**-0.5, window, prefill_tile=SMALL_PREFILL,
+        num_splits=num_splits, prefill_splits=num_splits,
+    )  # fmt: skip
     expected = reference(q, k, v, meta, window)
     assert_matches(out[:real], expected)
     padded_reference = reference(q_padded, k, v, padded, window)
