@@ -263,12 +263,13 @@ def bench_mixed() -> None:
     (``max_seq_len`` 8192): prefill tiles by the pieces its keys are cut into."""
     decodes = [(600, 1)] * 7
     tiles = [(128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 2), (32, 64, 4, 2), (16, 64, 4, 2)]
-    for ctx, new in [(1100, 9), (1100, 40), (4000, 9), (1100, 384)]:
+    for ctx, new in [(1100, 9), (1100, 40), (1100, 70), (1100, 120), (1100, 250), (1100, 384)]:
         q, k, v, metas = paged_batches([(ctx, new), *decodes], LLAMA, copies=16)
         for meta in metas:
             meta.max_seq_len = 8192
         scale = LLAMA[2] ** -0.5
-        for shape, splits in itertools.product(tiles, (1, 2, 4, 8, 16, 32)):
+        splits_tried = (1, 2, 4, 8, 16, 32) if new < 64 else (1, 2, 3, 4, 6, 8)
+        for shape, splits in itertools.product(tiles, splits_tried):
             tile = TileConfig(*shape)
             block_q = prefill_rows(tile, LLAMA[0] // LLAMA[1])[1]
             default = num_prefill_splits(q.shape[0], block_q, LLAMA[1], 8192, q.device)

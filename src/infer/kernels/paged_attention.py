@@ -41,7 +41,7 @@ _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS_MERGED_IN_KERNEL = 4  # H100, 16 x 1k (3 splits): 30.7 µs merged, 32.6 with a kernel
 SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
-SMALL_STEP_TOKENS = 64  # steps with no more tokens split their prefill tiles' keys
+SMALL_STEP_TOKENS = 256  # steps with no more tokens split their prefill tiles' keys
 
 
 @dataclass(frozen=True)
@@ -72,16 +72,11 @@ def prefill_config(
     """Default prefill tile for a batch whose longest sequence has ``max_seq_len`` tokens.
 
     A step of at most ``SMALL_STEP_TOKENS`` tokens (a cached prefix's new tokens beside decode
-    rows) gets 64-row tiles, its keys split (``num_prefill_splits``): on an H100, 9 new
-    tokens over 1,100 keys beside 7 decode rows took 28.0 µs a layer, against 51.4 with
-    the wide tile unsplit and 33.0 with it split (``bench_kernels.py --mixed``).
-
-    Chosen like ``decode_config``, on an H100 for head_dim 128: wide key steps pay off over
-    long contexts (1 x 4096: 284 TFLOP/s against 242 with 32-key steps), short ones finish
-    sooner with narrow steps and fewer warps (8 x 512: 133 against 117; 16 x 256: 89 against
-    71; 16 chunks of 512 over 1024: 228 against 217). Float32 (``element_size`` 4, the GPU
-    tests' reference dtype) takes half the rows and one stage: 128 rows of 256-wide float32
-    heads need 295 KB of shared memory, above an H200's 227 KB.
+    rows) gets 64-row tiles, its keys split (``num_prefill_splits``). On an H100, beside 7
+    decode rows over 1,100 keys, a layer's attention took (``bench_kernels.py --mixed``):
+    9 new tokens 28.0 µs, against 51.4 with the wide tile unsplit; 70 tokens 32.0 against
+    51.5; 120 tokens 35.0 against 52.5; 250 tokens 44.9 against 51.7; 384 tokens 53.9
+    against 52.2, hence the bound.
     """
     if element_size > 2:
         return TileConfig(64, 32, 4, 1)
@@ -405,15 +400,16 @@ def num_prefill_splits(
     A few new tokens over a long context (a cached prefix) make a handful of tiles, each
     stepping through every key alone: on an H100 a 16-token step over a 1,100-token prefix
     took 1.2 ms longer than a decode step. Steps of at most ``SMALL_STEP_TOKENS`` tokens split
-    them to about one program per SM, at least 256 keys a piece by ``kv_len``; ``num_tokens``
-    and ``kv_len`` are upper bounds (a graph bucket's), pieces past a tile's keys do nothing.
-    Larger steps do not split: a 384-token chunk over 1,100 keys took 51.3 µs a layer
-    unsplit, 68.1 in two pieces. CPU (interpreter): 1.
+    them to about 1.5 programs per SM (measured best from 16 to 256 tokens, see
+    ``prefill_config``), at least 256 keys a piece by ``kv_len``; ``num_tokens`` and ``kv_len``
+    are upper bounds (a graph bucket's), pieces past a tile's keys do nothing. Larger steps
+    have tiles enough: a 384-token chunk over 1,100 keys took 52.2 µs a layer unsplit, 69.1
+    in two pieces. CPU (interpreter): 1.
     """
     if device.type != "cuda" or num_tokens > SMALL_STEP_TOKENS:
         return 1
     tiles = triton.cdiv(num_tokens, block_q) * num_kv_heads
-    wanted = triton.cdiv(_sm_count(device), tiles)
+    wanted = round(1.5 * _sm_count(device) / tiles)
     return max(1, min(wanted, triton.cdiv(kv_len, _MIN_KEYS_PER_SPLIT), _MAX_SPLITS))
 
 
