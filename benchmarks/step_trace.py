@@ -10,6 +10,7 @@ such a file into per-phase totals and the steps' shapes over time.
 
     engine = LLM(...).engine;  trace_engine(engine, Path("trace.jsonl"))
     python benchmarks/step_trace.py trace.jsonl [--from S --to S]   # the summary
+    python benchmarks/step_trace.py trace.jsonl --workload prefix_caching   # trace, then sum up
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import functools
 import gc
 import json
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -139,6 +141,7 @@ def summarize(path: Path, start: float | None = None, end: float | None = None) 
             f"  {name:15s} {counts[name]:6d} calls  {1000 * seconds:9.1f} ms  "
             f"{1000 * seconds / counts[name]:7.3f} ms/call"
         )
+    _device_times(events)
     print("\n  t (ms)   event           ms      what")
     for e in events:
         what = {k: v for k, v in e.items() if k not in ("ev", "t0", "t1")}
@@ -146,12 +149,52 @@ def summarize(path: Path, start: float | None = None, end: float | None = None) 
         print(f"  {at:8.1f} {e['ev']:15s} {took:7.2f}  {what}")
 
 
+def _device_times(events: list[dict[str, Any]]) -> None:
+    """Each step's device time, by whether it holds prompt tokens: with one step always
+    queued, a step runs from the end of the collect before it (or its own queueing, if later)
+    to the end of its own collect. Steps are collected in the order they are queued."""
+    forwards = [e for e in events if e["ev"] == "forward"]
+    collects = [e for e in events if e["ev"] == "collect"]
+    times: dict[str, list[float]] = defaultdict(list)
+    for i in range(1, min(len(forwards), len(collects))):
+        began = max(collects[i - 1]["t1"], forwards[i]["t1"])
+        kind = "with prompt tokens" if forwards[i].get("prompt_tokens", 0) else "decode only"
+        times[kind].append(1000 * (collects[i]["t1"] - began))
+    for kind, ms in sorted(times.items()):
+        print(f"  device ms a step, {kind}: p50 {statistics.median(ms):.2f} over {len(ms)} steps")
+
+
+def trace_workload(args: argparse.Namespace) -> Path:
+    """Run ``args.workload`` on dummy weights through ``run_infer`` with the engine traced."""
+    from infer import LLM
+    from infer.bench.offline import run_infer
+    from infer.bench.workloads import make_workload
+
+    llm = LLM(args.model, load_format="dummy", use_prefix_caching=not args.no_prefix_caching)
+    vocab = llm.engine.model_config.vocab_size
+    workload = make_workload(args.workload, vocab)
+    # As `infer bench` warms up (two requests of another seed), or with every measured prompt.
+    warmup = workload if args.warm_prompts else make_workload(args.workload, vocab, 2, seed=1)
+    run_infer(llm.engine, warmup.capped(8), progress=False)
+    trace_engine(llm.engine, args.trace)
+    run_infer(llm.engine, workload, progress=False)
+    return args.trace
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("trace", type=Path)
     parser.add_argument("--from", dest="start", type=float, help="seconds from the first event")
     parser.add_argument("--to", dest="end", type=float)
+    parser.add_argument("--workload", help="first trace this workload (GPU, dummy weights)")
+    parser.add_argument("--model", default="llama-3.2-3b")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--warm-prompts", action="store_true", help="cache every prompt before the traced run"
+    )
     args = parser.parse_args()
+    if args.workload:
+        trace_workload(args)
     summarize(args.trace, args.start, args.end)
 
 
