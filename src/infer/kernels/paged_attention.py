@@ -222,28 +222,38 @@ def _decode_kernel(
             tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", *_SPLIT_STRIDES])
+@triton.jit(do_not_specialize=["num_seqs", "window", "num_splits", *_SPLIT_STRIDES])
 def _combine_kernel(
-    Out, PartOut, PartLse, QueryStart, num_seqs,
+    Out, PartOut, PartLse, QueryStart, SeqLens, num_seqs, window,
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
     SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, PREFILL: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Merges a row's splits, weighting each by its share of the softmax mass: decode rows
-    (partials by sequence) or, with ``PREFILL``, prefill tokens (partials by token)."""
+    (partials by sequence) or, with ``PREFILL``, prefill tokens (partials by token) of tiles
+    cut into more than one piece."""
     index = tl.program_id(0)
     head = tl.program_id(1)
     if PREFILL:
         seq = _find_seq(QueryStart, num_seqs, index, 1, 0)
-        if tl.load(QueryStart + seq + 1) - tl.load(QueryStart + seq) <= 1:
+        q_start = tl.load(QueryStart + seq)
+        q_len = tl.load(QueryStart + seq + 1) - q_start
+        if q_len <= 1:
             return  # a decode row or a padding token
+        _, _, _, _, _, pieces = _tile_keys(tl.load(SeqLens + seq), q_len,
+                                           (index - q_start) // BLOCK_Q, window, num_splits,
+                                           BLOCK_Q, BLOCK_N)
+        if pieces == 1:
+            return  # the prefill kernel wrote it
         row = index
     else:
         row = tl.load(QueryStart + index)
         if tl.load(QueryStart + index + 1) - row != 1:
             return
+        pieces = num_splits
     offs_s = tl.arange(0, SPLITS_POW2)
     offs_d = tl.arange(0, HEAD_DIM)
-    split_ok = offs_s < num_splits
+    split_ok = offs_s < pieces
     lse = tl.load(PartLse + index * stride_lb + offs_s * stride_ls + head, mask=split_ok,
                   other=float("-inf"))
     m = tl.max(lse, 0)
@@ -254,6 +264,20 @@ def _combine_kernel(
     parts = tl.load(part_ptrs, mask=split_ok[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(Out + row * stride_ot + head * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def _tile_keys(seq_len, q_len, tile, window, num_splits, BLOCK_Q: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """A prefill tile's tokens ``[first, last]`` and the keys some row sees, ``[lo, kv_end)``;
+    split in ``num_splits``, pieces of ``share`` keys (whole key steps, at least two), the
+    first ``pieces`` of which hold keys."""
+    first = seq_len - q_len + tile * BLOCK_Q
+    last = tl.minimum(first + BLOCK_Q, seq_len) - 1
+    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
+    kv_end = last + 1
+    share = tl.maximum(tl.cdiv(tl.cdiv(kv_end - lo, num_splits), BLOCK_N), 2) * BLOCK_N
+    return first, last, lo, kv_end, share, tl.cdiv(kv_end - lo, share)
 
 
 @triton.jit
@@ -315,18 +339,18 @@ def _prefill_kernel(
 
     # Keys [lo, kv_end) are visible to some row of the tile, [full_lo, first] to every row:
     # masked steps over [lo, a), unmasked over [a, b), masked again over [b, kv_end).
-    first = seq_len - q_len + tile * BLOCK_Q
-    last = tl.minimum(first + BLOCK_Q, seq_len) - 1
-    lo = tl.where(window > 0, tl.maximum(first - window + 1, 0), 0)
-    kv_end = last + 1
+    first, last, lo, kv_end, share, pieces = _tile_keys(
+        seq_len, q_len, tile, window, num_splits, BLOCK_Q, BLOCK_N)
     full_lo = tl.where(window > 0, tl.maximum(last - window + 1, lo), lo)
     a = tl.minimum(lo + tl.cdiv(full_lo - lo, BLOCK_N) * BLOCK_N, kv_end)
     b = a + (tl.maximum(first + 1 - a, 0) // BLOCK_N) * BLOCK_N
 
-    # A split takes its share of [lo, kv_end), whole key steps, and each part of it as above.
+    # A split takes its piece of [lo, kv_end), and each part of it as above; a tile whose
+    # keys fit one piece is not split at all.
     s_lo, s_hi = lo, kv_end
     if SPLIT:
-        share = tl.cdiv(tl.cdiv(kv_end - lo, num_splits), BLOCK_N) * BLOCK_N
+        if split >= pieces:
+            return
         s_lo = lo + split * share
         s_hi = tl.minimum(s_lo + share, kv_end)
 
@@ -358,7 +382,10 @@ def _prefill_kernel(
     if not SPLIT:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
         return
-    # Every split stores its rows, keys or none: ``_combine_kernel`` reads them all.
+    if pieces == 1:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+        return
+    # Each piece stores its rows; ``_combine_kernel`` merges them.
     part = (PartOut + (q_start + tok)[:, None] * stride_pb + split * stride_ps
             + heads[:, None] * stride_ph + offs_d[None, :])
     tl.store(part, out, mask=rows_ok[:, None])
@@ -467,20 +494,22 @@ def _launch_decode(
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not merge:
-        _launch_combine(out, part_out, part_lse, meta, num_splits, prefill=False)
+        _launch_combine(out, part_out, part_lse, meta, num_splits)
 
 
 def _launch_combine(
     out: Tensor, part_out: Tensor, part_lse: Tensor, meta: RaggedBatch, num_splits: int,
-    prefill: bool,
+    prefill_tile: tuple[int, int, int] | None = None,
 ) -> None:  # fmt: skip
-    """Merge the split partials of every decode row (``prefill``: of every prefill token)."""
+    """Merge the split partials of every decode row, or with ``prefill_tile`` (window, tokens
+    and keys a step of the prefill kernel's tiles) of every prefill token."""
+    window, block_q, block_n = prefill_tile or (0, 1, 16)
     _combine_kernel[(part_out.shape[0], part_out.shape[2])](
-        out, part_out, part_lse, meta.query_start_loc, meta.num_seqs,
+        out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, meta.num_seqs, window,
         out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),
         part_out.stride(2), part_lse.stride(0), part_lse.stride(1), num_splits,
         SPLITS_POW2=triton.next_power_of_2(num_splits), HEAD_DIM=part_out.shape[3],
-        PREFILL=prefill, num_warps=4,
+        PREFILL=prefill_tile is not None, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
 
 
@@ -512,7 +541,7 @@ def _launch_prefill(
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1:
-        _launch_combine(out, part_out, part_lse, meta, num_splits, prefill=True)
+        _launch_combine(out, part_out, part_lse, meta, num_splits, (window, block_q, tile.block_n))
 
 
 def paged_attention(
