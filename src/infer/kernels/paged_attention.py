@@ -386,18 +386,16 @@ def _prefill_kernel(
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     o_ptrs = (Out + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
               + offs_d[None, :])
-    if not SPLIT:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
-        return
-    if pieces == 1:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
-        return
-    # Each piece stores its rows; ``_combine_kernel`` merges them.
-    part = (PartOut + (q_start + tok)[:, None] * stride_pb + split * stride_ps
-            + heads[:, None] * stride_ph + offs_d[None, :])
-    tl.store(part, out, mask=rows_ok[:, None])
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(PartLse + (q_start + tok) * stride_lb + split * stride_ls + heads, lse, mask=rows_ok)
+    if SPLIT:  # noqa: SIM102 (compile-time: the unsplit kernel holds no partial stores)
+        if pieces > 1:  # each piece stores its rows; ``_combine_kernel`` merges them
+            part = (PartOut + (q_start + tok)[:, None] * stride_pb + split * stride_ps
+                    + heads[:, None] * stride_ph + offs_d[None, :])
+            tl.store(part, out, mask=rows_ok[:, None])
+            lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+            tl.store(PartLse + (q_start + tok) * stride_lb + split * stride_ls + heads, lse,
+                     mask=rows_ok)
+            return
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
 # fmt: on
 
 
