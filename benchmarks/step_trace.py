@@ -164,7 +164,7 @@ def _device_times(events: list[dict[str, Any]]) -> None:
         print(f"  device ms a step, {kind}: p50 {statistics.median(ms):.2f} over {len(ms)} steps")
 
 
-def trace_workload(args: argparse.Namespace) -> Path:
+def trace_workload(args: argparse.Namespace) -> None:
     """Run ``args.workload`` on dummy weights through ``run_infer`` with the engine traced."""
     from infer import LLM
     from infer.bench.offline import run_infer
@@ -178,7 +178,6 @@ def trace_workload(args: argparse.Namespace) -> Path:
     run_infer(llm.engine, warmup.capped(8), progress=False)
     trace_engine(llm.engine, args.trace)
     run_infer(llm.engine, workload, progress=False)
-    return args.trace
 
 
 def main() -> None:
