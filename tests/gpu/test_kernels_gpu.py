@@ -130,6 +130,9 @@ def test_cuda_graph_decode_replay(model: str) -> None:
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
         max_query_len=1,
         max_seq_len=max_len,
+        row_order=torch.arange(batch, dtype=torch.int32, device="cuda"),
+        row_counts=torch.tensor([batch, 0], dtype=torch.int32, device="cuda"),
+        token_rows=torch.arange(batch, dtype=torch.int32, device="cuda"),
     )
     q = torch.randn(batch, heads, head_dim, device="cuda", dtype=BF16)
     run = lambda: paged_attention_triton(q, k, v, static, head_dim**-0.5, window)
@@ -154,6 +157,7 @@ def test_cuda_graph_decode_replay(model: str) -> None:
             positions=static.positions, slot_mapping=static.slot_mapping,
             block_tables=static.block_tables.clone(), seq_lens=static.seq_lens.clone(),
             query_start_loc=static.query_start_loc, max_query_len=1, max_seq_len=max(lens),
+            row_order=static.row_order, row_counts=static.row_counts, token_rows=static.token_rows,
         )  # fmt: skip
         assert_attention_close(out, reference(q, k, v, fresh, window))
 

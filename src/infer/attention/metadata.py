@@ -9,7 +9,7 @@ same case with different lengths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,22 @@ class HostBatch:
     block_tables: np.ndarray  # [B, W], the real rows only
     seq_lens: np.ndarray  # [R], padding rows included
     query_start_loc: np.ndarray  # [R + 1]
+    row_order: np.ndarray  # [R]: decode rows, prefill rows, then rows without tokens
+    row_counts: np.ndarray  # [2]: decode rows, prefill rows
+    token_rows: np.ndarray  # [T], each token's row; -1 for padding tokens
+
+    def to_device(self, device: torch.device, staging: Tensor | None = None) -> dict[str, Tensor]:
+        """Every array in one host-to-device copy (into ``staging`` when given), as named flat
+        int64 views of the copy."""
+        arrays = {f.name: getattr(self, f.name).ravel() for f in fields(self)}
+        packed = torch.from_numpy(np.concatenate(list(arrays.values())))
+        if staging is None:
+            copied = packed.to(device, non_blocking=True)
+        else:
+            copied = staging[: packed.numel()]
+            copied.copy_(packed, non_blocking=True)
+        views = torch.split(copied, [array.size for array in arrays.values()])
+        return dict(zip(arrays, views, strict=True))
 
 
 def host_batch(
@@ -88,7 +104,20 @@ def host_batch(
     slots[:real] = tables[owner, own // block_size] * block_size + own % block_size
     input_ids = np.zeros(total, dtype=np.int64)
     input_ids[:real] = [t for s in seqs for t in s.token_ids]
-    return HostBatch(input_ids, positions, slots, tables, computed + query_lens, starts)
+    kinds = np.where(query_lens == 1, 0, np.where(query_lens > 1, 1, 2))
+    token_rows = np.full(total, -1, dtype=np.int64)
+    token_rows[:real] = owner
+    return HostBatch(
+        input_ids,
+        positions,
+        slots,
+        tables,
+        computed + query_lens,
+        starts,
+        np.argsort(kinds, kind="stable"),
+        np.bincount(kinds, minlength=3)[:2],
+        token_rows,
+    )
 
 
 def build_metadata(
@@ -96,26 +125,23 @@ def build_metadata(
 ) -> tuple[Tensor, AttentionMetadata]:
     """Input ids ``[T]`` and metadata of a step, copied to ``device`` in one transfer."""
     host = host_batch(seqs, block_size)
-    total, rows = len(host.input_ids), len(host.seq_lens)
-    packed = np.concatenate(
-        [
-            host.input_ids,
-            host.positions,
-            host.slot_mapping,
-            host.block_tables.ravel(),
-            host.seq_lens,
-            host.query_start_loc,
-        ]
-    )
-    dev = torch.from_numpy(packed).to(device, non_blocking=True)
-    tables_end = 3 * total + host.block_tables.size
+    dev = {name: view if name in _INT64 else view.int() for name, view in
+           host.to_device(device).items()}  # fmt: skip
     meta = AttentionMetadata(
-        positions=dev[total : 2 * total],
-        slot_mapping=dev[2 * total : 3 * total],
-        block_tables=dev[3 * total : tables_end].view(rows, -1).to(torch.int32),
-        seq_lens=dev[tables_end : tables_end + rows].to(torch.int32),
-        query_start_loc=dev[tables_end + rows :].to(torch.int32),
+        positions=dev["positions"],
+        slot_mapping=dev["slot_mapping"],
+        block_tables=dev["block_tables"].view(len(seqs), -1),
+        seq_lens=dev["seq_lens"],
+        query_start_loc=dev["query_start_loc"],
         max_query_len=int(np.diff(host.query_start_loc).max(initial=0)),
         max_seq_len=int(host.seq_lens.max(initial=0)),
+        row_order=dev["row_order"],
+        row_counts=dev["row_counts"],
+        token_rows=dev["token_rows"],
     )
-    return dev[:total], meta
+    return dev["input_ids"], meta
+
+
+# The arrays that stay int64 on the device (token ids and positions index embeddings and
+# rotary tables, slots the cache); the kernels read the rest as int32.
+_INT64 = frozenset({"input_ids", "positions", "slot_mapping"})

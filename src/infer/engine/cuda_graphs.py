@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,11 +27,12 @@ from infer.attention import AttentionMetadata, ScheduledSequence
 from infer.attention.metadata import host_batch
 from infer.models import DecoderModel
 
-# A mixed graph's keys are split as for this many decode rows, not for all its rows (mostly
+# A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
 # prompt and padding rows): a few long-context decode rows beside a prompt chunk would
-# otherwise run one program per (row, KV head) over all their keys. H100, five 1.5k-token
-# decode rows beside a 384-token chunk: 7.3 -> 6.6 ms a step.
-MIXED_SPLIT_ROWS = 16
+# otherwise run one program per (row, KV head) over all their keys (H100, five 1.5k-token
+# decode rows beside a 384-token chunk: 7.3 -> 6.6 ms a step). A step with more decode rows
+# splits each less (the kernel reads how many it holds).
+MIXED_SPLIT_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class CUDAGraphRunner:
         tokens = max(max_batch_size, max_graph_tokens)
         rows = max_batch_size
         self._staging = torch.zeros(
-            3 * tokens + 2 * rows + 1 + rows * self.table_width, dtype=torch.int64, device=device
+            4 * tokens + 3 * rows + 3 + rows * self.table_width, dtype=torch.int64, device=device
         )
         self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
@@ -92,6 +92,9 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(rows, self.table_width, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.query_start_loc = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        self.row_order = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.row_counts = torch.zeros(2, dtype=torch.int32, device=device)
+        self.token_rows = torch.full((tokens,), -1, dtype=torch.int32, device=device)
         self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.memory_bytes = 0
 
@@ -120,27 +123,13 @@ class CUDAGraphRunner:
         """
         tokens, rows, count = bucket.tokens, bucket.rows, len(sequences)
         host = host_batch(sequences, self.block_size, rows, self.table_width, tokens)
-        packed = np.concatenate(
-            [
-                host.input_ids,
-                host.positions,
-                host.slot_mapping,
-                host.seq_lens,
-                host.query_start_loc,
-                host.block_tables.ravel(),
-            ]
-        )
-        staged = self._staging[: packed.size]
-        staged.copy_(torch.from_numpy(packed), non_blocking=True)
-        ends = np.cumsum([tokens, tokens, tokens, rows, rows + 1])
-        self.input_ids[:tokens].copy_(staged[: ends[0]])
+        for name, staged in host.to_device(self._staging.device, self._staging).items():
+            if name == "block_tables":
+                self.block_tables[:count].copy_(staged.view(count, -1))
+            else:
+                getattr(self, name)[: staged.numel()].copy_(staged)
         if input_ids is not None:
             self.input_ids[: input_ids.shape[0]].copy_(input_ids)
-        self.positions[:tokens].copy_(staged[ends[0] : ends[1]])
-        self.slot_mapping[:tokens].copy_(staged[ends[1] : ends[2]])
-        self.seq_lens[:rows].copy_(staged[ends[2] : ends[3]])
-        self.query_start_loc[: rows + 1].copy_(staged[ends[3] : ends[4]])
-        self.block_tables[:count].copy_(staged[ends[4] :].view(count, -1))
 
     def forward(self, bucket: Bucket) -> Tensor:
         """The step a bucket's graph captures, run on the static buffers: logits ``[rows,
@@ -155,6 +144,9 @@ class CUDAGraphRunner:
             max_query_len=1 if bucket.decode else tokens,
             max_seq_len=self.max_seq_len,
             split_rows=None if bucket.decode else min(rows, MIXED_SPLIT_ROWS),
+            row_order=self.row_order[:rows],
+            row_counts=self.row_counts,
+            token_rows=self.token_rows[:tokens],
         )
         hidden = self.model(self.input_ids[:tokens], meta.positions, meta)
         return self.model.compute_logits(hidden) if bucket.decode else hidden

@@ -3,7 +3,7 @@ that extends it is built on machines without triton too)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -20,6 +20,13 @@ class RaggedBatch:
     # The decode rows the keys' splits are sized for (flash-decoding), when fewer than the
     # rows: a mixed step's graph holds mostly prompt and padding rows (``cuda_graphs``).
     split_rows: int | None = None
+    # Where the kernels' programs find their work without searching the batch (the host
+    # knows it): rows with one new token (decode) first, then rows with more (prefill), then
+    # rows with none (a graph bucket's padding), so a grid sized for the bucket starts the
+    # real work first and its spare programs exit after one read.
+    row_order: Tensor = field(kw_only=True)  # [B] int32
+    row_counts: Tensor = field(kw_only=True)  # [2] int32: decode rows, prefill rows
+    token_rows: Tensor = field(kw_only=True)  # [T] int32, each token's row; -1 = padding
 
     @property
     def num_seqs(self) -> int:

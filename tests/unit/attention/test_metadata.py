@@ -55,3 +55,19 @@ def test_padding_rows_hold_no_tokens_and_padding_tokens_write_nowhere() -> None:
     assert host.positions.tolist() == [3, 0, 0, 0, 0, 0]
     assert host.input_ids.tolist() == [5, 0, 0, 0, 0, 0]
     assert host.block_tables.shape == (1, 8)  # an empty row never reads a table
+
+
+def test_rows_are_listed_decode_first_then_prefill_then_empty() -> None:
+    seqs = [
+        ScheduledSequence([1, 2], 16, list(range(8))),  # prefill
+        ScheduledSequence([3], 4, [9]),  # decode
+        ScheduledSequence([5, 6], 0, list(range(20))),  # prefill
+        ScheduledSequence([7], 2, [4]),  # decode
+    ]
+    host = host_batch(seqs, 16, num_rows=6, num_tokens=32)
+    assert host.row_order.tolist() == [1, 3, 0, 2, 4, 5]  # batch order within each kind
+    assert host.row_counts.tolist() == [2, 2]
+    assert host.token_rows.tolist() == [0] * 8 + [1] + [2] * 20 + [3] + [-1, -1]
+    _, meta = build_metadata(seqs, 16, torch.device("cpu"))
+    assert meta.row_order.tolist() == [1, 3, 0, 2] and meta.row_counts.tolist() == [2, 2]
+    assert meta.token_rows.dtype == torch.int32 and meta.token_rows.tolist()[-2:] == [2, 3]

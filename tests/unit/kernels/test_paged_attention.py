@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import infer.kernels.paged_attention as paged_attention_module
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
@@ -386,6 +387,9 @@ def _padded_to_bucket(meta: AttentionMetadata, rows: int, tokens: int) -> Attent
         max_seq_len=4 * meta.max_seq_len,
         positions=pad(meta.positions, extra_tokens),
         slot_mapping=pad(meta.slot_mapping, extra_tokens, -1),
+        row_order=torch.cat([meta.row_order, torch.arange(meta.num_seqs, rows).int()]),
+        row_counts=meta.row_counts,
+        token_rows=pad(meta.token_rows, extra_tokens, -1),
     )
 
 
@@ -407,3 +411,30 @@ def test_a_step_padded_to_a_graph_bucket_changes_no_real_row(num_splits: int, wi
     padded_reference = reference(q_padded, k, v, padded, window)
     assert_matches(padded_reference[:real], expected)
     assert padded_reference[real:].count_nonzero() == 0
+
+
+@pytest.mark.parametrize("prefill_splits", [1, 3])
+def test_every_row_a_two_token_prefill_fills_the_tile_grid_exactly(prefill_splits: int) -> None:
+    """The most prefill rows a step can hold (two tokens each) with padding rows beside them:
+    the grid, sized from the bucket's tokens and rows alone, has a program for every tile."""
+    q, k, v, meta = make_batch([(17 + 9 * i, 2) for i in range(10)], heads=(4, 2))
+    padded = _padded_to_bucket(meta, rows=16, tokens=q.shape[0])
+    out = paged_attention_triton(
+        q, k, v, padded, 32**-0.5, prefill_tile=SMALL_PREFILL, prefill_splits=prefill_splits
+    )
+    assert_matches(out, reference(q, k, v, meta))
+
+
+@pytest.mark.parametrize("grid_splits", [3, 7], ids=["merged-in-kernel", "combine-kernel"])
+def test_decode_rows_split_by_the_rows_the_step_holds(
+    grid_splits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph's grid is split for its fewest decode rows; a step with more splits each row
+    less (here 6 programs over 3 decode rows: 2 pieces), and the merge reads only those."""
+    monkeypatch.setattr(paged_attention_module, "num_kv_splits", lambda *args: grid_splits)
+    monkeypatch.setattr(paged_attention_module, "_split_programs", lambda *args: 6)
+    q, k, v, meta = make_batch([(130, 1), (64, 30), (70, 1), (9, 1)], heads=(4, 2))
+    padded = _padded_to_bucket(meta, rows=8, tokens=q.shape[0] + 3)
+    q_padded = torch.cat([q, torch.randn(3, *q.shape[1:])])
+    out = paged_attention_triton(q_padded, k, v, padded, 32**-0.5, prefill_tile=SMALL_PREFILL)
+    assert_matches(out[: q.shape[0]], reference(q, k, v, meta))
