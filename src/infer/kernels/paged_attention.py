@@ -195,12 +195,12 @@ def _decode_kernel(
     split = tl.program_id(1)
     index = tl.program_id(2)
     num_decode = tl.load(RowCounts)
+    seq = tl.load(RowOrder + index)  # (read beside the count: the grid has a row each)
     if index >= num_decode:
         return  # the batch has fewer decode rows than the grid
     num_splits = _decode_splits(num_splits, row_splits, num_decode)
     if split >= num_splits:
         return
-    seq = tl.load(RowOrder + index)
     row = tl.load(QueryStart + seq)
     seq_len = tl.load(SeqLens + seq)
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
@@ -275,9 +275,10 @@ def _combine_kernel(
         row = index
     else:
         num_decode = tl.load(RowCounts)
+        seq = tl.load(RowOrder + index)
         if index >= num_decode:
             return  # the batch has fewer decode rows than the grid
-        index = tl.load(RowOrder + index)
+        index = seq
         row = tl.load(QueryStart + index)
         pieces = _decode_splits(num_splits, row_splits, num_decode)
     offs_s = tl.arange(0, SPLITS_POW2)
