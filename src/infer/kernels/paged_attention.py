@@ -190,18 +190,25 @@ def _decode_kernel(
     qk_scale, window, num_splits, row_splits, merge,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DECODE_ONLY: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
-    index = tl.program_id(2)
-    num_decode = tl.load(RowCounts)
-    seq = tl.load(RowOrder + index)  # (read beside the count: the grid has a row each)
-    if index >= num_decode:
-        return  # the batch has fewer decode rows than the grid
-    num_splits = _decode_splits(num_splits, row_splits, num_decode)
-    if split >= num_splits:
-        return
-    row = tl.load(QueryStart + seq)
+    seq = tl.program_id(2)
+    if DECODE_ONLY:  # row ``seq`` is a decode row or padding: no list to read first
+        row = tl.load(QueryStart + seq)
+        if tl.load(QueryStart + seq + 1) - row != 1:
+            return
+    else:
+        num_decode = tl.load(RowCounts)
+        index = seq
+        seq = tl.load(RowOrder + index)  # (read beside the count: the grid has a row each)
+        if index >= num_decode:
+            return  # the batch has fewer decode rows than the grid
+        num_splits = _decode_splits(num_splits, row_splits, num_decode)
+        if split >= num_splits:
+            return
+        row = tl.load(QueryStart + seq)
     seq_len = tl.load(SeqLens + seq)
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
@@ -252,7 +259,7 @@ def _combine_kernel(
     Out, PartOut, PartLse, QueryStart, SeqLens, RowOrder, RowCounts, TokenRows, window,
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
     row_splits, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, PREFILL: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    DECODE_ONLY: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Merges a row's splits, weighting each by its share of the softmax mass: decode rows
     (partials by sequence) or, with ``PREFILL``, prefill tokens (partials by token) of tiles
@@ -273,6 +280,11 @@ def _combine_kernel(
         if pieces == 1:
             return  # the prefill kernel wrote it
         row = index
+    elif DECODE_ONLY:
+        row = tl.load(QueryStart + index)
+        if tl.load(QueryStart + index + 1) - row != 1:
+            return  # padding
+        pieces = num_splits
     else:
         num_decode = tl.load(RowCounts)
         seq = tl.load(RowOrder + index)
@@ -538,7 +550,8 @@ def _launch_decode(
         scale * _LOG2E, window, num_splits, row_splits, int(merge),
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
-        DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
+        DOT_PRECISION=_dot_precision(q), DECODE_ONLY=meta.max_query_len == 1,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not merge:
         _launch_combine(out, part_out, part_lse, meta, num_splits, row_splits)
@@ -557,7 +570,8 @@ def _launch_combine(
         out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),
         part_out.stride(2), part_lse.stride(0), part_lse.stride(1), num_splits, row_splits,
         SPLITS_POW2=triton.next_power_of_2(num_splits), HEAD_DIM=part_out.shape[3],
-        PREFILL=prefill_tile is not None, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=4,
+        PREFILL=prefill_tile is not None, DECODE_ONLY=meta.max_query_len == 1,
+        BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
 
 
