@@ -18,12 +18,11 @@ from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
 from infer.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
 from infer.kernels.kv_write import write_kv_torch
-from infer.kernels.kv_write_triton import write_kv_triton
 from infer.kernels.paged_attention import triton_paged_attention
 from infer.kernels.rms_norm import fused_add_rms_norm_torch, rms_norm_torch
 from infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from infer.kernels.rope import apply_rope_torch
-from infer.kernels.rope_triton import apply_rope_triton
+from infer.kernels.rope_kv_write_triton import rope_and_write_kv_triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -162,22 +161,34 @@ def test_cuda_graph_decode_replay(model: str) -> None:
         assert_attention_close(out, reference(q, k, v, fresh, window))
 
 
-def test_attend_writes_then_attends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dispatching entry point on CUDA writes what the torch path writes, then attends."""
+def test_attend_rotates_writes_then_attends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatching entry point on CUDA (one fused rotate-and-write kernel) writes what
+    the torch path writes, then attends."""
     heads, kv_heads, head_dim, _ = MODELS["qwen3-4b"]
     q, k_cache, v_cache, meta = paged_batch([(300, 300), (900, 1), (64, 20)], heads, kv_heads, 128)
     k_new = torch.randn(q.shape[0], kv_heads, head_dim, device="cuda", dtype=BF16)
     v_new = torch.randn_like(k_new)
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    out = attend(q, k_new, v_new, k_cache, v_cache, meta, scale=head_dim**-0.5)
+    cos_sin = rope_table(head_dim, 1024)
+    k_ref, v_ref, q_ref = k_cache.clone(), v_cache.clone(), q.clone()
+    out = attend(q, k_new, v_new, k_cache, v_cache, meta, cos_sin=cos_sin, scale=head_dim**-0.5)
     monkeypatch.setenv("INFER_DISABLE_TRITON", "1")
-    attend(q, k_new, v_new, k_ref, v_ref, meta, scale=head_dim**-0.5)
-    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
-    assert_attention_close(out, reference(q, k_ref, v_ref, meta, 0))
+    expected = attend(
+        q_ref, k_new, v_new, k_ref, v_ref, meta, cos_sin=cos_sin, scale=head_dim**-0.5
+    )
+    assert_bf16_close(k_cache, k_ref)
+    assert torch.equal(v_cache, v_ref)
+    assert_attention_close(out, expected.float())
 
 
 def assert_bf16_close(out: torch.Tensor, ref: torch.Tensor) -> None:
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def rope_table(head_dim: int, positions: int) -> torch.Tensor:
+    """cos | sin ``[positions, head_dim]`` at Llama 3's base (float32, as the models keep it)."""
+    inv_freq = 1.0 / (5e5 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
+    freqs = torch.outer(torch.arange(positions, device="cuda").float(), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
 @pytest.mark.parametrize(("hidden", "offset"), [(3072, 0.0), (1152, 1.0), (2560, 0.0)])
@@ -213,19 +224,15 @@ def test_rope_and_kv_write_on_qkv_views(model: str) -> None:
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
     q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
     positions = torch.randint(0, 8192, (tokens,), device="cuda")
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
-    freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
-    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-    ref_q, ref_k = apply_rope_torch(q.clone(), k.clone(), positions, cache)
-    out_q, out_k = apply_rope_triton(q, k, positions, cache)
-    assert_bf16_close(out_q, ref_q)
-    assert_bf16_close(out_k, ref_k)
-
+    cache = rope_table(head_dim, 8192)
     slots = torch.randperm(64 * BLOCK, device="cuda")[:tokens]
     slots[::7] = -1
     k_cache = torch.randn(64, kv_heads, BLOCK, head_dim, device="cuda", dtype=BF16)
     v_cache = torch.randn_like(k_cache)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    write_kv_triton(k, v, k_cache, v_cache, slots)
-    write_kv_torch(k, v, k_ref, v_ref, slots)
-    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    ref_q, ref_k = apply_rope_torch(q.clone(), k.clone(), positions, cache)
+    write_kv_torch(ref_k, v, k_ref, v_ref, slots)
+    rope_and_write_kv_triton(q, k, v, positions, cache, k_cache, v_cache, slots)
+    assert_bf16_close(q, ref_q)
+    assert_bf16_close(k_cache, k_ref)
+    assert torch.equal(v_cache, v_ref)

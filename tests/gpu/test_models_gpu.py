@@ -217,7 +217,7 @@ def test_step_graphs_replay_what_the_eager_step_computes(
     for seqs in _mixed_and_decode_steps(llm.engine.pool.block_size):
         with torch.inference_mode():
             input_ids, meta = build_metadata(seqs, llm.engine.pool.block_size, llm.engine.device)
-            hidden = model(input_ids, meta.positions, meta)
+            hidden = model(input_ids, meta)
             bucket = graphs.bucket_for(seqs)
             assert bucket is not None and bucket.decode == (len(input_ids) == len(seqs))
             unpadded = model.compute_logits(hidden) if bucket.decode else hidden

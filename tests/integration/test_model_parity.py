@@ -49,7 +49,7 @@ def test_prefill_logits_match_transformers(
     model.bind_kv_cache(k, torch.zeros_like(k))
     ids, meta = build_metadata([ScheduledSequence([6, 2, 7], 0, prompt)], 16, torch.device("cpu"))
     with torch.no_grad():
-        ours = model.compute_logits(model(ids, meta.positions, meta))
+        ours = model.compute_logits(model(ids, meta))
         reference = _hf_model(path)(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
 

@@ -7,7 +7,7 @@ from torch import Tensor
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch, write_kv_planned
 from infer.kernels.dispatch import use_triton
-from infer.kernels.kv_write import write_kv
+from infer.kernels.rope import apply_rope_torch
 
 __all__ = ["AttentionMetadata", "ScheduledSequence", "attend", "build_metadata"]
 
@@ -20,14 +20,21 @@ def attend(
     v_cache: Tensor,
     meta: AttentionMetadata,
     *,
+    cos_sin: Tensor,
     scale: float,
     sliding_window: int = 0,
 ) -> Tensor:
-    """Write this step's K/V into the cache, then attend: ``q [T, H, D]`` → ``[T, H, D]``."""
+    """Rotate ``q`` and ``k`` (RoPE at ``meta.positions``, table ``cos_sin``), write this
+    step's K/V into the cache, then attend: ``q [T, H, D]`` → ``[T, H, D]``. On the GPU the
+    rotation and the write are one kernel, and ``q`` is rotated in place."""
     if use_triton(q):
         from infer.attention.triton_backend import paged_attention_triton
+        from infer.kernels.rope_kv_write_triton import rope_and_write_kv_triton
 
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        rope_and_write_kv_triton(
+            q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
+        )
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, sliding_window)
+    q, k = apply_rope_torch(q, k, meta.positions, cos_sin)
     write_kv_planned(k, v, k_cache, v_cache, meta)
     return paged_attention_torch(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -148,7 +148,7 @@ class CUDAGraphRunner:
             row_counts=self.row_counts,
             token_rows=self.token_rows[:tokens],
         )
-        hidden = self.model(self.input_ids[:tokens], meta.positions, meta)
+        hidden = self.model(self.input_ids[:tokens], meta)
         return self.model.compute_logits(hidden) if bucket.decode else hidden
 
     @torch.inference_mode()

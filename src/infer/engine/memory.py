@@ -118,7 +118,7 @@ class KVCacheBuilder:
         torch.cuda.reset_peak_memory_stats(self.device)
         start = torch.cuda.memory_allocated(self.device)
         input_ids, meta = build_metadata(seqs, config.block_size, self.device)
-        hidden = self.model(input_ids, meta.positions, meta)
+        hidden = self.model(input_ids, meta)
         self.model.compute_logits(hidden[: config.max_batch_size])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - start

@@ -197,7 +197,7 @@ class ModelRunner:
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
         if out is None:
             host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
-            out = self.model(host_ids if input_ids is None else input_ids, meta.positions, meta)
+            out = self.model(host_ids if input_ids is None else input_ids, meta)
             if decode:
                 out = self.model.compute_logits(out)
         # A decode step's ``out`` holds every row's logits, any other step's every token's

@@ -38,5 +38,5 @@ def warm_up_kernels(
         batches.append([sequence(SHORT_PREFILL_LEN, 2)])
     for batch in batches:
         input_ids, meta = build_metadata(batch, block_size, device)
-        model.compute_logits(model(input_ids, meta.positions, meta)).argmax(-1)
+        model.compute_logits(model(input_ids, meta)).argmax(-1)
     torch.cuda.synchronize(device)

@@ -1,10 +1,9 @@
-"""Writes a step's new K/V into the paged pool by slot (``slot = block * block_size + offset``)."""
+"""Writes a step's new K/V into the paged pool by slot (``slot = block * block_size + offset``):
+the torch reference (on the GPU, ``rope_kv_write_triton`` rotates and writes in one launch)."""
 
 from __future__ import annotations
 
 from torch import Tensor
-
-from infer.kernels.dispatch import use_triton
 
 
 def write_kv_torch(
@@ -26,12 +25,3 @@ def write_kv_torch(
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, :, offsets, :] = k[rows].to(k_cache.dtype)
     v_cache[blocks, :, offsets, :] = v[rows].to(v_cache.dtype)
-
-
-def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    if use_triton(k):
-        from infer.kernels.kv_write_triton import write_kv_triton
-
-        write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
-        return
-    write_kv_torch(k, v, k_cache, v_cache, slot_mapping)

@@ -1,11 +1,10 @@
-"""Rotary position embedding (NeoX / Hugging Face ``rotate_half`` layout)."""
+"""Rotary position embedding (NeoX / Hugging Face ``rotate_half`` layout): the torch reference
+(the Triton kernel rotates and writes the cache in one launch: ``rope_kv_write_triton``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from infer.kernels.dispatch import use_triton
 
 
 def apply_rope_torch(
@@ -20,13 +19,3 @@ def apply_rope_torch(
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     return rotate(q), rotate(k)
-
-
-def apply_rope(
-    q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor
-) -> tuple[Tensor, Tensor]:
-    if use_triton(q):
-        from infer.kernels.rope_triton import apply_rope_triton
-
-        return apply_rope_triton(q, k, positions, cos_sin_cache)
-    return apply_rope_torch(q, k, positions, cos_sin_cache)

@@ -28,7 +28,7 @@ from infer.distributed.parallel_layers import (
     VocabParallelEmbedding,
     copy_checked,
 )
-from infer.kernels import apply_rope, fused_add_rms_norm, rms_norm
+from infer.kernels import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -117,9 +117,7 @@ class Attention(nn.Module):
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
 
-    def forward(
-        self, x: Tensor, positions: Tensor, meta: AttentionMetadata, cos_sin: Tensor
-    ) -> Tensor:
+    def forward(self, x: Tensor, meta: AttentionMetadata, cos_sin: Tensor) -> Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -127,7 +125,6 @@ class Attention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.norm(q), self.k_norm.norm(k)
-        q, k = apply_rope(q, k, positions, cos_sin)
         assert self.k_cache is not None and self.v_cache is not None, "KV cache not bound"
         out = attend(
             q,
@@ -136,6 +133,7 @@ class Attention(nn.Module):
             self.k_cache,
             self.v_cache,
             meta,
+            cos_sin=cos_sin,
             scale=self.scale,
             sliding_window=self.sliding_window,
         )
@@ -227,13 +225,13 @@ class DecoderModel(nn.Module):
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
+    def forward(self, input_ids: Tensor, meta: AttentionMetadata) -> Tensor:
         """Hidden states ``[T, hidden]`` after the final norm."""
         hidden = self.embed(input_ids)
         residual: Tensor | None = None
         for layer, attention in zip(self.model.layers, self.model.attention_layers()):
             cos_sin = self.rope_local if attention.sliding_window else self.rope_global
-            hidden, residual = layer(hidden, residual, positions, meta, cos_sin)
+            hidden, residual = layer(hidden, residual, meta, cos_sin)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 

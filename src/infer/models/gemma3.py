@@ -29,12 +29,11 @@ class Gemma3DecoderLayer(nn.Module):
         self,
         x: Tensor,
         residual: Tensor | None,
-        positions: Tensor,
         meta: AttentionMetadata,
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
         h, residual = self.input_layernorm(x, residual)
-        h = self.post_attention_layernorm.norm(self.self_attn(h, positions, meta, cos_sin))
+        h = self.post_attention_layernorm.norm(self.self_attn(h, meta, cos_sin))
         h, residual = self.pre_feedforward_layernorm(h, residual)
         return self.post_feedforward_layernorm.norm(self.mlp(h)), residual
 

@@ -25,13 +25,12 @@ class LlamaDecoderLayer(nn.Module):
         self,
         x: Tensor,
         residual: Tensor | None,
-        positions: Tensor,
         meta: AttentionMetadata,
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """Takes the previous layer's output and the running residual (added here, fused)."""
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, cos_sin)
+        h = self.self_attn(h, meta, cos_sin)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 

@@ -9,6 +9,9 @@ import torch
 
 from infer.attention import ScheduledSequence, attend, build_metadata
 
+# cos | sin with every angle 0: ``attend``'s rotary embedding leaves q and k as they are
+NO_ROTATION = torch.cat([torch.ones(64, 4), torch.zeros(64, 4)], dim=-1)
+
 
 def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
     """q [Q, H, D] at the last Q positions of k, v [L, Hkv, D]."""
@@ -54,6 +57,7 @@ def test_ragged_batch_matches_per_sequence_attention(window: int) -> None:
         cache_k,
         cache_v,
         meta,
+        cos_sin=NO_ROTATION,
         scale=1 / math.sqrt(dim),
         sliding_window=window,
     )

@@ -74,7 +74,7 @@ def test_a_padded_step_gives_the_real_rows_what_the_step_gives_alone(
             s.token_ids = torch.randint(3, 300, (len(s.token_ids),), generator=generator).tolist()
         with torch.inference_mode():
             input_ids, meta = build_metadata(seqs, 16, torch.device("cpu"))
-            alone = model(input_ids, meta.positions, meta)
+            alone = model(input_ids, meta)
             bucket = graphs.bucket_for(seqs)
             assert bucket is not None and bucket.tokens > input_ids.shape[0]
             graphs.load(bucket, seqs)
