@@ -12,8 +12,9 @@ folder keeps what earlier ones wrote):
   4096, GPU memory fraction 0.9, bf16), time start-up to ready (``GET /health`` = 200) and
   note what its log says the time went into (``infer.bench.startup``), run ``vllm bench
   serve`` once per workload (``infer.bench.vllm_bench``: ``completions`` and ``chat``, 256
-  prompts at once, input and output 128-384 tokens; ``poisson``, 64 prompts at 6 req/s,
-  input 1,024-2,048, output 64-256), stop the server.
+  prompts at once, input and output 128-384 tokens; ``burst256``, the same prompts with
+  every output 256 tokens long, offline ``burst256``'s shape; ``poisson``, 64 prompts at 6
+  req/s, input 1,024-2,048, output 64-256), stop the server.
 - ``report``: the table (printed last), ``summary.json`` and the scoreboard
   (``benchmarks/results/scoreboard.json``, or ``$INFER_SCOREBOARD``).
 
@@ -80,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workloads",
-        default="completions,chat,poisson",
-        help="comma-separated: completions, chat, poisson",
+        default="completions,chat,burst256,poisson",
+        help="comma-separated: completions, chat, burst256, poisson",
     )
     parser.add_argument(
         "--preset", default="llama-3.2-3b", help="shape preset (default: llama-3.2-3b)"

@@ -233,6 +233,7 @@ class EngineConfig:
     use_cuda_graphs: bool | None = None
     max_graph_tokens: int = 2048
     use_async_scheduling: bool = True
+    use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
     dtype: str | None = None
     device: str | None = None

@@ -30,6 +30,11 @@ class SteppedEngine(Protocol):
 
     def has_unfinished_requests(self) -> bool: ...
 
+    def wait_to_schedule(self) -> None:
+        """Before requests that have arrived are added: wait, if the engine paces its
+        launches, until the step in flight is about to end (``Engine.wait_to_schedule``)."""
+        ...
+
     def add(self, request_id: str, spec: RequestSpec) -> None:
         """Queue one request (greedy, EOS ignored)."""
         ...
@@ -77,6 +82,9 @@ class _InferEngine:
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
 
+    def wait_to_schedule(self) -> None:
+        self.engine.wait_to_schedule()
+
     def add(self, request_id: str, spec: RequestSpec) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
         self.engine.add_request(spec.prompt_token_ids, params, request_id=request_id)
@@ -118,6 +126,8 @@ def drive(
     ):
         start = time.perf_counter()
         while pending or engine.has_unfinished_requests():
+            if pending and not workload.sequential:
+                engine.wait_to_schedule()
             now = time.perf_counter() - start
             while pending and _is_due(workload, specs[pending[0]].arrival_s, now, engine):
                 index = pending[0]
@@ -126,7 +136,10 @@ def drive(
                 arrival = time.perf_counter() - start
                 engine.add(request_id, spec)
                 pending.popleft()
-                metrics[request_id] = RequestMetrics(len(spec.prompt_token_ids), arrival)
+                waited = 0.0 if workload.sequential else max(0.0, arrival - spec.arrival_s)
+                metrics[request_id] = RequestMetrics(
+                    len(spec.prompt_token_ids), arrival, due_wait_s=waited
+                )
             if not engine.has_unfinished_requests():
                 if pending:  # idle until the next arrival
                     time.sleep(max(0.0, specs[pending[0]].arrival_s - now))

@@ -72,6 +72,18 @@ SERVING_WORKLOADS = {
             "inf",
         ),
         ServingWorkload(
+            "burst256",
+            "256 prompts at once, input 128-384 and output 256 tokens (offline burst256's "
+            "shape), /v1/completions",
+            "vllm",
+            "/v1/completions",
+            256,
+            256,
+            256,
+            json.dumps({"input": 0.5, "output": 0.0}),
+            "inf",
+        ),
+        ServingWorkload(
             "poisson",
             "64 prompts, Poisson arrivals at 6 req/s, input 1024-2048 and output 64-256 tokens, "
             "/v1/completions",

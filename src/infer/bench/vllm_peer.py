@@ -167,6 +167,9 @@ class _VllmEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.engine.has_unfinished_requests())
 
+    def wait_to_schedule(self) -> None:
+        """vLLM's ``step`` schedules and runs at once: nothing to wait for here."""
+
     def add(self, request_id: str, spec: RequestSpec) -> None:
         prompt = {"prompt_token_ids": spec.prompt_token_ids}
         self.engine.add_request(request_id, prompt, self._params(spec.max_tokens))

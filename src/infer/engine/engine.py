@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.output import request_output
+from infer.engine.pacing import LaunchPacer, StepShape
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
 from infer.engine.request import Request, RequestOutput, TokenLogprob
@@ -49,6 +50,10 @@ class Deferred:
 
     scheduled: SchedulerOutput
     forwarded: ForwardedStep | None
+
+
+def _shape(scheduled: SchedulerOutput) -> StepShape:
+    return scheduled.num_tokens, len(scheduled.chunks)
 
 
 def _reads_outputs(scheduled: SchedulerOutput) -> bool:
@@ -84,6 +89,9 @@ class Engine:
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
+        self.pacer = (
+            LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
+        )
         self._inflight: Inflight | None = None
         self._deferred: Deferred | None = None
         self._requests: dict[str, Request] = {}
@@ -169,6 +177,13 @@ class Engine:
         return len(self.scheduler.waiting)
 
     # --- the step ------------------------------------------------------------------------
+    def wait_to_schedule(self) -> None:
+        """For loops that take in new requests between steps: sleep until the step in flight
+        is about to end (``LaunchPacer``), then take them in and call ``step``, so that they
+        join the step queued next. Returns at once when there is nothing to pace."""
+        if self.pacer is not None and self._inflight is not None and self._deferred is None:
+            self.pacer.wait(_shape(self._inflight.scheduled))
+
     def step(self) -> list[RequestOutput]:
         """One engine step: schedule → launch → collect → update; returns the progress of
         every request that produced output.
@@ -198,7 +213,14 @@ class Engine:
                 current = self._launch(scheduled)
             if deferred is None:
                 deferred = self._launch_ahead(current, involved, outputs)
+            if self.pacer is not None:
+                self.pacer.launched()
+            waited = not self.runner.is_done(current.launched)
             result = self.runner.collect(current.launched)
+            if self.pacer is not None:
+                self.pacer.collected(
+                    _shape(current.scheduled), waited, queued_behind=self._inflight is not None
+                )
             bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]

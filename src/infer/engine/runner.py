@@ -173,6 +173,10 @@ class ModelRunner:
         input_ids[positions.to(self.device, non_blocking=True)] = picked
         return input_ids
 
+    def is_done(self, launched: LaunchedStep | None) -> bool:
+        """Whether the step's samples are on the host already (collecting would not wait)."""
+        return launched is None or launched.done is None or launched.done.query()
+
     def collect(self, launched: LaunchedStep | None) -> StepResult:
         """Wait for the step's samples and return them (the step's one synchronisation)."""
         if launched is None:  # no row sampled

@@ -11,8 +11,9 @@ to the API process over two pipes, with the typed messages of ``messages.py``:
   progress: compact tuples, cheap to pickle; whole ``RequestOutput``s of finished ones),
   ``CallResult`` per ``Call``, and ``EngineFailed`` if the engine cannot go on.
 
-Each iteration runs every queued command, then one ``engine.step()``. While nothing runs
-it blocks on the command pipe. Signals are ignored here: the API process decides when to
+Each iteration waits until the step in flight is about to end (``Engine.wait_to_schedule``),
+runs every queued command, then one ``engine.step()``. While nothing runs it blocks on the
+command pipe. Signals are ignored here: the API process decides when to
 stop, and the engine exits when told to or when the API process's end of the pipe closes.
 """
 
@@ -71,6 +72,8 @@ class ServedEngine(Protocol):
     def abort(self, request_id: str) -> bool: ...
 
     def has_unfinished_requests(self) -> bool: ...
+
+    def wait_to_schedule(self) -> None: ...
 
     def step(self) -> list[RequestOutput]: ...
 
@@ -181,7 +184,11 @@ class _EngineLoop:
         self.active: set[str] = set()
 
     def run(self) -> None:
-        while self._run_commands():
+        while True:
+            if self.engine.has_unfinished_requests():
+                self.engine.wait_to_schedule()  # requests that come meanwhile join the next step
+            if not self._run_commands():
+                return
             if self.engine.has_unfinished_requests():
                 self._send_step(self.engine.step())
 

@@ -74,6 +74,9 @@ class StandInEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._running or self._waiting)
 
+    def wait_to_schedule(self) -> None:
+        """Nothing is in flight between its steps: ``step`` keeps the pace itself."""
+
     def step(self) -> list[RequestOutput]:
         while self._waiting and len(self._running) < self.max_batch_size:
             sequence = self._waiting.popleft()

@@ -48,6 +48,7 @@ def test_infer_adds_requests_at_their_arrival_times(engine: Engine) -> None:
     for request, spec in zip(result.requests, _staggered().requests, strict=True):
         assert request.ok and request.output_tokens == spec.max_tokens
         assert spec.arrival_s <= request.arrival_s  # added when due, between steps
+        assert request.due_wait_s == pytest.approx(request.arrival_s - spec.arrival_s)
         assert request.token_times_s == sorted(request.token_times_s)
     assert 0.0 < result.extra["peak_kv_utilization"] <= 1.0
     assert result.extra["preemptions"] == 0
@@ -60,6 +61,7 @@ def test_infer_sequential_runs_one_at_a_time(engine: Engine) -> None:
     first, second = run_infer(engine, workload, warmup, progress=False).requests
     assert first.output_tokens == second.output_tokens == 5
     assert second.arrival_s >= first.finish_s
+    assert first.due_wait_s == second.due_wait_s == 0.0  # due when the one before finished
 
 
 def test_infer_counts_preemptions_of_the_measured_run(

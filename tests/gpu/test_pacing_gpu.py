@@ -1,0 +1,83 @@
+"""On a GPU, with llama-3.2-3b's shapes (decode steps of ~3.5 ms): paced launches let a request
+that arrives while a step runs join the next step, a step sooner, and cost decode steps
+nothing."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import pytest
+import torch
+
+from infer import LLM, SamplingParams
+from infer.engine.engine import Engine
+from infer.engine.pacing import LaunchPacer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+RUNNING = 6
+ROUNDS = 12
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(1000, 20000) for _ in range(length)]
+
+
+def _round(engine: Engine, rng: random.Random) -> tuple[float, float]:
+    """Decode a few steps beside ``RUNNING`` requests, then one request arrives as the
+    serving loop takes requests in: (median step interval, its time to first token)."""
+    intervals = []
+    last = time.perf_counter()
+    for _ in range(8):
+        engine.wait_to_schedule()
+        engine.step()
+        now = time.perf_counter()
+        intervals.append(now - last)
+        last = now
+    engine.wait_to_schedule()
+    arrival = engine.add_request(
+        _prompt(rng, 64), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    )
+    while True:
+        for out in engine.step():
+            if out.request_id == arrival:
+                return statistics.median(intervals[1:]), out.token_times_s[0]
+        engine.wait_to_schedule()
+
+
+def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    llm = LLM("llama-3.2-3b", load_format="dummy", max_batch_size=16, max_seq_len=2048)
+    engine = llm.engine
+    assert engine.pacer is not None  # on by default
+    rng = random.Random(0)
+    long = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+    for _ in range(RUNNING):
+        engine.add_request(_prompt(rng, 128), long)
+    for _ in range(20):
+        engine.step()
+    paced: list[tuple[float, float]] = []
+    unpaced: list[tuple[float, float]] = []
+    for i in range(ROUNDS):  # alternating, so both see the same lengths
+        pacer = LaunchPacer() if i % 2 == 0 else None
+        monkeypatch.setattr(engine, "pacer", pacer)
+        for _ in range(12):  # the pacer learns the step's duration and its own lead
+            engine.wait_to_schedule()
+            engine.step()
+        (paced if pacer is not None else unpaced).append(_round(engine, rng))
+    step_paced = statistics.median(s for s, _ in paced)
+    step_unpaced = statistics.median(s for s, _ in unpaced)
+    ttft_paced = statistics.median(t for _, t in paced)
+    ttft_unpaced = statistics.median(t for _, t in unpaced)
+    assert step_paced <= step_unpaced * 1.03, (step_paced, step_unpaced)
+    # Unpaced, the arrival waits for the step queued ahead of it (about a decode step).
+    assert ttft_paced < ttft_unpaced - 0.5 * step_unpaced, (ttft_paced, ttft_unpaced)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.error is None
+    assert engine.pool.used_blocks() == 0
