@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -52,7 +53,15 @@ def _round(engine: Engine, rng: random.Random) -> tuple[float, float]:
 def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    llm = LLM("llama-3.2-3b", load_format="dummy", max_batch_size=16, max_seq_len=2048)
+    gc.collect()  # engines of earlier tests, still in reference cycles, hold GPU memory
+    torch.cuda.empty_cache()
+    llm = LLM(
+        "llama-3.2-3b",
+        load_format="dummy",
+        max_batch_size=16,
+        max_seq_len=2048,
+        num_gpu_blocks=1024,
+    )
     engine = llm.engine
     assert engine.pacer is not None  # on by default
     rng = random.Random(0)
