@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import atexit
 import gc
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _open_blocks = 0  # frozen_heap blocks entered and not left
 _NEVER = 2**30  # a collection threshold no count reaches
+IDLE_COLLECTION_INTERVAL_S = 10.0
+BUSY_COLLECTION_INTERVAL_S = 300.0
 
 
 def freeze_heap() -> None:
@@ -29,6 +32,42 @@ def freeze_heap() -> None:
     gc.freeze()
     atexit.unregister(gc.unfreeze)
     atexit.register(gc.unfreeze)
+
+
+class IdleCollections:
+    """A serving process's full collections, held for moments when it is idle.
+
+    Even with the start-up heap frozen, a full collection stalled the server's engine loop
+    for ~50 ms every ~0.4 s of a 256-request burst (a traced ``infer serve`` on the H100:
+    five stalled steps in 3.4 s, none offline, where ``frozen_heap`` holds them). From its
+    creation the process runs young collections only; ``collect_if_due`` runs a full one
+    when the process is idle and the last was ``IDLE_COLLECTION_INTERVAL_S`` ago, or, under
+    a load that never lets up, every ``BUSY_COLLECTION_INTERVAL_S`` (garbage in reference
+    cycles that outlived the young generations waits that long). A context manager: the
+    thresholds are restored when it ends."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last = clock()
+        self._thresholds = gc.get_threshold()
+
+    def __enter__(self) -> IdleCollections:
+        self._thresholds = gc.get_threshold()
+        young, middle, _ = self._thresholds
+        gc.set_threshold(young, middle, _NEVER)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.set_threshold(*self._thresholds)
+
+    def collect_if_due(self, idle: bool) -> bool:
+        """Run a full collection if one is due; returns whether it ran."""
+        interval = IDLE_COLLECTION_INTERVAL_S if idle else BUSY_COLLECTION_INTERVAL_S
+        if self._clock() - self._last < interval:
+            return False
+        gc.collect()
+        self._last = self._clock()
+        return True
 
 
 @contextmanager

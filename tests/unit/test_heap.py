@@ -11,7 +11,13 @@ import weakref
 
 import pytest
 
-from infer.heap import freeze_heap, frozen_heap
+from infer.heap import (
+    BUSY_COLLECTION_INTERVAL_S,
+    IDLE_COLLECTION_INTERVAL_S,
+    IdleCollections,
+    freeze_heap,
+    frozen_heap,
+)
 
 pytestmark = pytest.mark.usefixtures("unfrozen_heap")
 
@@ -99,3 +105,37 @@ def test_frozen_objects_are_handed_back_at_exit() -> None:
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["freed", "freed"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_idle_collections_hold_full_collections_until_the_process_is_idle() -> None:
+    clock = Clock()
+    thresholds = gc.get_threshold()
+    with IdleCollections(clock) as collections:
+        young, middle, full = gc.get_threshold()
+        assert (young, middle) == thresholds[:2] and full > 10**6  # young ones still run
+        garbage = _cycle()
+        clock.now += IDLE_COLLECTION_INTERVAL_S / 2
+        assert not collections.collect_if_due(idle=True)  # the last one was too recent
+        clock.now += IDLE_COLLECTION_INTERVAL_S
+        assert not collections.collect_if_due(idle=False)  # busy: it waits longer
+        assert collections.collect_if_due(idle=True)
+        assert garbage() is None
+        assert not collections.collect_if_due(idle=True)
+    assert gc.get_threshold() == thresholds
+
+
+def test_under_load_that_never_lets_up_a_full_collection_still_comes() -> None:
+    clock = Clock()
+    with IdleCollections(clock) as collections:
+        clock.now += BUSY_COLLECTION_INTERVAL_S - 1
+        assert not collections.collect_if_due(idle=False)
+        clock.now += 1
+        assert collections.collect_if_due(idle=False)

@@ -33,6 +33,7 @@ from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
+from infer.heap import IdleCollections
 from infer.server.engine_process import EngineFactory, load_engine, run_engine
 from infer.server.messages import (
     Abort,
@@ -222,6 +223,9 @@ class AsyncEngine:
         self._info: EngineInfo | None = None
         self._prompts: PromptEncoder | None = None
         self._jobs: dict[str, tuple[Job, int]] = {}  # engine request id → (job, index)
+        # Full collections wait for a step after which no request is left (set by the app
+        # once its start-up heap is frozen).
+        self.collections: IdleCollections | None = None
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
         self._outstanding = 0  # sequences submitted and not yet released
@@ -466,6 +470,8 @@ class AsyncEngine:
             entry = jobs.get(out.request_id)
             if entry is not None:
                 entry[0].finish(entry[1], out, now)
+        if self.collections is not None:
+            self.collections.collect_if_due(idle=not jobs)
 
     def _resolve_call(self, result: CallResult) -> None:
         future = self._calls.get(result.call_id)

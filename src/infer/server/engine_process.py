@@ -33,7 +33,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
-from infer.heap import freeze_heap
+from infer.heap import IdleCollections, freeze_heap
 from infer.server.messages import (
     Abort,
     AddRequests,
@@ -136,7 +136,8 @@ def run_engine(
     events.send(Ready(info))
     outbox = _Outbox(events)
     try:
-        _EngineLoop(engine, commands, outbox).run()
+        with IdleCollections() as collections:
+            _EngineLoop(engine, commands, outbox, collections).run()
     except (EOFError, BrokenPipeError):  # the API process went away
         pass
     except Exception as exc:
@@ -177,15 +178,24 @@ class _Outbox:
 
 
 class _EngineLoop:
-    def __init__(self, engine: ServedEngine, commands: Connection, events: _Outbox) -> None:
+    def __init__(
+        self,
+        engine: ServedEngine,
+        commands: Connection,
+        events: _Outbox,
+        collections: IdleCollections,
+    ) -> None:
         self.engine = engine
         self.commands = commands
         self.events = events
+        self.collections = collections
         self.active: set[str] = set()
 
     def run(self) -> None:
         while True:
-            if self.engine.has_unfinished_requests():
+            busy = self.engine.has_unfinished_requests()
+            self.collections.collect_if_due(idle=not busy)
+            if busy:
                 self.engine.wait_to_schedule()  # requests that come meanwhile join the next step
             if not self._run_commands():
                 return
