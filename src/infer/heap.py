@@ -46,10 +46,11 @@ class IdleCollections:
     cycles that outlived the young generations waits that long). A context manager: the
     thresholds are restored when it ends."""
 
+    _thresholds: tuple[int, int, int]  # restored at exit
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._last = clock()
-        self._thresholds = gc.get_threshold()
 
     def __enter__(self) -> IdleCollections:
         self._thresholds = gc.get_threshold()

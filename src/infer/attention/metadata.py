@@ -54,6 +54,13 @@ class HostBatch:
     row_counts: np.ndarray  # [2]: decode rows, prefill rows
     token_rows: np.ndarray  # [T], each token's row; -1 for padding tokens
 
+    @staticmethod
+    def packed_size(num_tokens: int, num_rows: int, table_width: int) -> int:
+        """How many values ``to_device`` copies for a step of at most these sizes (what a
+        graph runner's staging buffer must hold): the per-token arrays, the per-row ones,
+        ``query_start_loc``'s extra entry and ``row_counts``, the block tables."""
+        return 4 * num_tokens + 3 * num_rows + 1 + 2 + num_rows * table_width
+
     def to_device(self, device: torch.device, staging: Tensor | None = None) -> dict[str, Tensor]:
         """Every array in one host-to-device copy (into ``staging`` when given), as named flat
         int64 views of the copy."""

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from infer.attention import AttentionMetadata, ScheduledSequence
-from infer.attention.metadata import host_batch
+from infer.attention.metadata import HostBatch, host_batch
 from infer.models import DecoderModel
 
 # A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
@@ -84,7 +84,7 @@ class CUDAGraphRunner:
         tokens = max(max_batch_size, max_graph_tokens)
         rows = max_batch_size
         self._staging = torch.zeros(
-            4 * tokens + 3 * rows + 3 + rows * self.table_width, dtype=torch.int64, device=device
+            HostBatch.packed_size(tokens, rows, self.table_width), dtype=torch.int64, device=device
         )
         self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)

@@ -213,14 +213,7 @@ class Engine:
                 current = self._launch(scheduled)
             if deferred is None:
                 deferred = self._launch_ahead(current, involved, outputs)
-            if self.pacer is not None:
-                self.pacer.launched()
-            waited = not self.runner.is_done(current.launched)
-            result = self.runner.collect(current.launched)
-            if self.pacer is not None:
-                self.pacer.collected(
-                    _shape(current.scheduled), waited, queued_behind=self._inflight is not None
-                )
+            result = self._collect(current)
             bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
@@ -254,6 +247,18 @@ class Engine:
             return self._defer(scheduled, current.launched)
         self._inflight = self._launch(scheduled, current.launched)
         return None
+
+    def _collect(self, current: Inflight) -> StepResult:
+        """Wait for the step's samples; a pacer also learns when the next step was queued
+        and whether this one was still running then."""
+        if self.pacer is None:
+            return self.runner.collect(current.launched)
+        self.pacer.launched()
+        waited = not self.runner.is_done(current.launched)
+        result = self.runner.collect(current.launched)
+        queued_behind = self._inflight is not None
+        self.pacer.collected(_shape(current.scheduled), waited, queued_behind)
+        return result
 
     def _sample_deferred(
         self,

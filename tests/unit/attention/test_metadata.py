@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from infer.attention import ScheduledSequence, build_metadata
-from infer.attention.metadata import host_batch
+from infer.attention.metadata import HostBatch, host_batch
 
 
 def test_prefill_across_blocks_maps_tokens_in_order() -> None:
@@ -71,3 +71,11 @@ def test_rows_are_listed_decode_first_then_prefill_then_empty() -> None:
     _, meta = build_metadata(seqs, 16, torch.device("cpu"))
     assert meta.row_order.tolist() == [1, 3, 0, 2] and meta.row_counts.tolist() == [2, 2]
     assert meta.token_rows.dtype == torch.int32 and meta.token_rows.tolist()[-2:] == [2, 3]
+
+
+def test_a_full_graph_sized_batch_packs_exactly_its_packed_size() -> None:
+    rows, width, tokens = 3, 4, 8
+    seqs = [ScheduledSequence([1, 2, 3, 4], 50, [7]) for _ in range(rows)]
+    host = host_batch(seqs, 16, num_rows=rows, table_width=width, num_tokens=tokens)
+    copied = host.to_device(torch.device("cpu"))
+    assert sum(v.numel() for v in copied.values()) == HostBatch.packed_size(tokens, rows, width)
