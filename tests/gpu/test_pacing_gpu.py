@@ -72,6 +72,11 @@ def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
         engine.step()
     paced: list[tuple[float, float]] = []
     unpaced: list[tuple[float, float]] = []
+    # One unmeasured round each way first: on a fresh machine the suite failed this test once
+    # and passed it three times after, so first-use costs stay out of the comparison.
+    for pacer in (LaunchPacer(), None):
+        monkeypatch.setattr(engine, "pacer", pacer)
+        _round(engine, rng)
     for i in range(ROUNDS):  # alternating, so both see the same lengths
         pacer = LaunchPacer() if i % 2 == 0 else None
         monkeypatch.setattr(engine, "pacer", pacer)
