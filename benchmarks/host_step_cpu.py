@@ -43,8 +43,9 @@ from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.sampler import SamplerOutput
 from infer.engine.sampling_params import StructuredOutputsParams
 from infer.engine.structured import Bitmask
-from infer.heap import frozen_heap
-from infer.server.engine_process import _EngineLoop, _Outbox
+from infer.heap import IdleCollections, frozen_heap
+from infer.server.engine_pipes import PipeEnds
+from infer.server.engine_process import _ApiLink, _EngineLoop
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -96,14 +97,16 @@ def _drain(events: Connection) -> None:
             events.recv()
 
 
-def served_step(engine: Engine) -> Callable[[], object]:
-    """A step as the server's engine process runs it: its events are sent to a process
-    that reads them as the API process does (and drops them)."""
+def served_step(engine: Engine, request_ids: list[str]) -> Callable[[], object]:
+    """A step as the server's engine process runs it: the events of ``request_ids`` are sent
+    to a process that reads them as the API process does (and drops them)."""
     context = multiprocessing.get_context("spawn")
     reader, writer = context.Pipe(duplex=False)
     context.Process(target=_drain, args=(reader,), daemon=True).start()
     commands, _ = context.Pipe(duplex=False)
-    loop = _EngineLoop(engine, commands, _Outbox(writer))
+    api = _ApiLink(PipeEnds(commands, writer))
+    loop = _EngineLoop(engine, [api], IdleCollections())
+    loop.owners = dict.fromkeys(request_ids, api)
     return lambda: loop._send_step(engine.step())
 
 
@@ -145,7 +148,7 @@ def main() -> None:
         command = ["py-spy", "record", "-p", str(os.getpid()), "-r", "400", "-f", "raw"]
         spy = subprocess.Popen([*command, "-o", str(args.profile), "--nonblocking"])
         time.sleep(1.0)
-    step = served_step(engine) if args.served else engine.step
+    step = served_step(engine, [f"r{i}" for i in range(args.rows)]) if args.served else engine.step
     times: list[float] = []
     with frozen_heap():  # as in the benchmarks and the server
         for _ in range(args.steps):

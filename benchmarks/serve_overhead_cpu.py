@@ -6,6 +6,7 @@ text prompts, streamed responses, one connection per request, all sent at once.
     python benchmarks/serve_overhead_cpu.py                       # /v1/completions
     python benchmarks/serve_overhead_cpu.py --endpoint chat       # /v1/chat/completions
     python benchmarks/serve_overhead_cpu.py --profile out.svg     # py-spy on the API process
+    python benchmarks/serve_overhead_cpu.py --api-server-count 2  # two API processes
 
 Reports, per run:
 
@@ -13,7 +14,8 @@ Reports, per run:
   tokenized, validated and queued for the engine);
 - TTFT (first token chunk) and end-to-end output throughput, against the stand-in's own
   ceiling (all tokens in as many steps as the longest output has tokens);
-- API CPU: CPU time of the API process (all its threads) per thousand streamed tokens.
+- API CPU: CPU time of the API process (all its threads) per thousand streamed tokens (of
+  the first one, when there are several).
 
 The client is plain asyncio (HTTP/1.1 by hand, a ``json.loads`` per SSE event), so its
 own cost stays small; on a machine with few cores it still shares them with the server.
@@ -30,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -90,19 +93,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=2, help="measured runs (after one warm-up)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", type=Path, help="py-spy the API process into this SVG")
+    parser.add_argument("--api-server-count", type=int, default=1, help="API processes")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser
 
 
 # --- the server (a child process) -----------------------------------------------------------
-def serve(port: int, step_s: float) -> None:
+def serve(port: int, step_s: float, api_server_count: int) -> None:
+    if api_server_count > 1:  # before prometheus_client is imported, as `infer serve` does
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="metrics-"))
     from infer.config import EngineConfig
     from infer.server.launch import build_server
     from infer.server.standin import standin_engine
 
     config = EngineConfig(model=MODEL, device="cpu", max_batch_size=256)
     factory = partial(standin_engine, step_s=step_s)
-    build_server(config, port=port, log_level="warning", engine_factory=factory).run()
+    server = build_server(config, port=port, log_level="warning", engine_factory=factory,
+                          api_server_count=api_server_count)  # fmt: skip
+    server.run()
 
 
 def _free_port() -> int:
@@ -225,12 +233,13 @@ def main() -> None:
     args = _parser().parse_args()
     step_s = args.step_ms / 1000
     if args.serve is not None:
-        serve(args.serve, step_s)
+        serve(args.serve, step_s, args.api_server_count)
         return
     prompts = _prompts(args)
     requests = [_body(args.endpoint, prompt, max_tokens) for prompt, max_tokens in prompts]
     port = _free_port()
-    command = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(args.step_ms)]
+    command = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(args.step_ms),
+               "--api-server-count", str(args.api_server_count)]  # fmt: skip
     server = subprocess.Popen(command)
     profiler = None
     try:

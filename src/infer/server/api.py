@@ -14,12 +14,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
+from infer.server.api_workers import ApiWorkers
 from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
 from infer.server.chat import ChatServing
 from infer.server.completions import CompletionServing
+from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
+from infer.server.in_flight import InFlight
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.openapi import (
@@ -47,21 +50,34 @@ def create_app(
     api_key: str | None = None,
     request_timeout: float | None = None,
     engine_factory: EngineFactory = load_engine,
+    link: EngineLink | None = None,
+    in_flight: InFlight | None = None,
+    workers: ApiWorkers | None = None,
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
     completes once the model is loaded) and stops it.
 
     ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
+    ``link`` and ``in_flight`` are the ``AsyncEngine``'s (several API processes, see
+    ``api_workers.py``); ``workers``, started and stopped by the lifespan around the engine,
+    are the API workers of the process that starts the engine.
     """
-    engine = AsyncEngine(config, request_timeout, engine_factory)
+    engine = AsyncEngine(config, request_timeout, engine_factory, link, in_flight)
     model_name = served_model_name or config.model
     metrics = ServerMetrics(lambda: engine.snapshot)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
+        if workers is not None:
+            workers.start()  # they start up while the model loads
+        try:
+            await engine.start()
+        except BaseException:
+            if workers is not None:
+                await workers.stop()
+            raise
         logprobs = LogprobFormatter(engine.prompts.tokenizer)
         retry_after = RetryAfterEstimator()
         app.state.completions = CompletionServing(
@@ -75,8 +91,12 @@ def create_app(
         with IdleCollections() as collections:
             engine.collections = collections
             try:
+                if workers is not None:
+                    await workers.wait_ready()
                 yield
             finally:
+                if workers is not None:
+                    await workers.stop()  # their requests end before the engine does
                 await engine.stop()
 
     app = FastAPI(title="infer", version=__version__, lifespan=lifespan)

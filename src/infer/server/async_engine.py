@@ -34,7 +34,9 @@ from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
 from infer.heap import IdleCollections
+from infer.server.engine_pipes import EngineLink, single_link
 from infer.server.engine_process import EngineFactory, load_engine, run_engine
+from infer.server.in_flight import InFlight
 from infer.server.messages import (
     Abort,
     AddRequests,
@@ -203,14 +205,20 @@ class Job:
 
 
 class AsyncEngine:
-    """Starts the engine process for ``config``; ``submit`` work, iterate the ``Job``."""
+    """Starts the engine process for ``config`` (or, in an API worker, reaches the one
+    running); ``submit`` work, iterate the ``Job``."""
 
     def __init__(
         self,
         config: EngineConfig,
         request_timeout: float | None = None,
         engine_factory: EngineFactory = load_engine,
+        link: EngineLink | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
+        """``link``: the pipes to the engine (default: this process starts the engine, as
+        the only API process); ``in_flight``: the count of unfinished sequences that this
+        process shares with the server's other API processes, if any."""
         if request_timeout is not None and request_timeout <= 0:
             raise ValueError(f"request_timeout: must be > 0 seconds, got {request_timeout}")
         self.config = config
@@ -228,7 +236,10 @@ class AsyncEngine:
         self.collections: IdleCollections | None = None
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
-        self._outstanding = 0  # sequences submitted and not yet released
+        self._in_flight = in_flight or InFlight()
+        self._link = link
+        self._attached = link is not None and link.engine is None  # an API worker
+        self._link_open = False
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[EngineInfo] | None = None
@@ -257,21 +268,22 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._ready = self._loop.create_future()
-        context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-        command_out, command_in = context.Pipe(duplex=False)
-        event_out, event_in = context.Pipe(duplex=False)
-        self._process = context.Process(
-            target=run_engine,
-            args=(self.config, command_out, event_in, self.engine_factory),
-            name="infer-engine",
-            daemon=True,
-        )
-        self._process.start()
-        command_out.close()  # the child's ends: closed here, so a dead child reads as EOF
-        event_in.close()
+        link = self._link or single_link()
+        if link.engine is not None:
+            context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+            self._process = context.Process(
+                target=run_engine,
+                args=(self.config, link.engine, self.engine_factory),
+                name="infer-engine",
+                daemon=True,
+            )
+            self._process.start()
+            for ends in link.engine:  # the child's: closed here, so a dead child reads as EOF
+                ends.close()
+        self._link_open = True
         self._threads = [
-            threading.Thread(target=self._send, args=(command_in,), name="infer-send"),
-            threading.Thread(target=self._receive, args=(event_out,), name="infer-receive"),
+            threading.Thread(target=self._send, args=(link.api.commands,), name="infer-send"),
+            threading.Thread(target=self._receive, args=(link.api.events,), name="infer-receive"),
         ]
         for thread in self._threads:
             thread.daemon = True
@@ -300,6 +312,11 @@ class AsyncEngine:
         self.accepting = False
         self._stopping = True
         self._fail_all(EngineStoppedError("the server is shutting down"))
+        if self._attached and self._link_open:  # the engine forgets us once our pipe closes
+            self._outbox.put(None)
+            for thread in self._threads:
+                await asyncio.to_thread(thread.join, STOP_TIMEOUT_S)
+            self._link_open = False
         process = self._process
         if process is not None:
             self._outbox.put(Stop())
@@ -318,13 +335,18 @@ class AsyncEngine:
 
     @property
     def is_healthy(self) -> bool:
+        if self.error is not None:
+            return False
+        if self._attached:
+            return self._link_open and not self._stopping
         process = self._process
-        return self.error is None and process is not None and process.is_alive()
+        return process is not None and process.is_alive()
 
     @property
     def outstanding(self) -> int:
-        """Sequences submitted and not yet released (what ``capacity`` bounds)."""
-        return self._outstanding
+        """Sequences submitted and not yet released, by every API process (what
+        ``capacity`` bounds)."""
+        return self._in_flight.total
 
     @property
     def info(self) -> EngineInfo:
@@ -370,15 +392,14 @@ class AsyncEngine:
             raise ValueError(
                 f"n: {count} sequences exceed what the server can hold ({self.capacity})"
             )
-        if self._outstanding + count > self.capacity:
-            raise QueueFullError(
-                f"the server is at capacity ({self._outstanding} sequences in flight)"
-            )
+        in_flight = self._in_flight.total
+        if in_flight + count > self.capacity:
+            raise QueueFullError(f"the server is at capacity ({in_flight} sequences in flight)")
         assert self._loop is not None
         timeout = self.request_timeout
         deadline = None if timeout is None else self._loop.time() + timeout
         job = Job(self, [f"{job_id}-{i}" for i in range(count)], deadline)
-        self._outstanding += count
+        self._in_flight.add(count)
         for index, request_id in enumerate(job.request_ids):
             self._jobs[request_id] = (job, index)
         return job
@@ -414,7 +435,7 @@ class AsyncEngine:
                 self._schedule_flush()
         for request_id in job.request_ids:
             self._jobs.pop(request_id, None)
-        self._outstanding -= len(job.request_ids)
+        self._in_flight.add(-len(job.request_ids))
 
     async def call(self, name: str) -> Any:
         """Call the engine's method ``name`` (e.g. ``cache_stats``) between two steps."""
@@ -454,7 +475,8 @@ class AsyncEngine:
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
             raise EngineStoppedError(f"{ENGINE_FAILED}: {self.error}")
-        if self._process is None or self._stopping or (accepting and not self.accepting):
+        started = self._link_open if self._attached else self._process is not None
+        if not started or self._stopping or (accepting and not self.accepting):
             raise EngineStoppedError("the server is shutting down")
 
     # --- events from the engine (event loop) -----------------------------------------------
@@ -533,7 +555,9 @@ class AsyncEngine:
                             self._post(self._engine_failed, message)
                             return
             except (EOFError, OSError):
-                assert self._process is not None
+                if self._process is None:  # an API worker: the engine is not our child
+                    self._post(self._engine_failed, "the engine process went away")
+                    return
                 self._process.join(5.0)
                 code = self._process.exitcode
                 self._post(self._engine_failed, f"the engine process exited (exit code {code})")

@@ -3,18 +3,21 @@
 The server's event loop and the engine's per-step Python work would fight over one GIL if
 they shared a process (at thousands of tokens per second, streaming each token costs the
 event loop about as much host time as the step itself), so the engine runs here and talks
-to the API process over two pipes, with the typed messages of ``messages.py``:
+to each API process (one, or several: ``api_workers.py``) over a pair of pipes of its own
+(``engine_pipes.py``), with the typed messages of ``messages.py``:
 
 - commands in: ``AddRequests`` and ``Abort`` (each for all the requests the API process
   queued since its last message), ``Call`` (an engine method, e.g. ``cache_stats``), ``Stop``;
-- events out: ``Ready`` once, then one ``StepEvents`` after every step (all requests'
-  progress: compact tuples, cheap to pickle; whole ``RequestOutput``s of finished ones),
-  ``CallResult`` per ``Call``, and ``EngineFailed`` if the engine cannot go on.
+- events out: ``Ready`` once, then one ``StepEvents`` after every step (that process's
+  requests' progress: compact tuples, cheap to pickle; whole ``RequestOutput``s of finished
+  ones; the engine's counters), ``CallResult`` per ``Call``, and ``EngineFailed`` if the
+  engine cannot go on.
 
 Each iteration waits until the step in flight is about to end (``Engine.wait_to_schedule``),
 runs every queued command, then one ``engine.step()``. While nothing runs it blocks on the
-command pipe. Signals are ignored here: the API process decides when to
-stop, and the engine exits when told to or when the API process's end of the pipe closes.
+command pipes. Signals are ignored here: the API process that started the engine decides
+when to stop, and the engine exits when told to or when that process's end of the pipe
+closes. When an API worker's pipe closes, its requests are aborted and the rest go on.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import pickle
 import queue
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
 from typing import Any, Protocol
 
 from infer.config import EngineConfig
@@ -34,6 +38,7 @@ from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.heap import IdleCollections, freeze_heap
+from infer.server.engine_pipes import PipeEnds
 from infer.server.messages import (
     Abort,
     AddRequests,
@@ -118,33 +123,38 @@ def load_engine(config: EngineConfig) -> tuple[ServedEngine, EngineInfo]:
 
 def run_engine(
     config: EngineConfig,
-    commands: Connection,
-    events: Connection,
+    links: Sequence[PipeEnds],
     engine_factory: EngineFactory = load_engine,
 ) -> None:
-    """Entry point of the engine process."""
+    """Entry point of the engine process: ``links`` are its ends of each API process's
+    pipes, the first of the process that started it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    apis = [_ApiLink(ends) for ends in links]
     try:
-        engine, info = engine_factory(config)
-    except Exception as exc:
-        logger.exception("the engine could not start")
-        events.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
-        return
-    freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
-    events.send(Ready(info))
-    outbox = _Outbox(events)
-    try:
-        with IdleCollections() as collections:
-            _EngineLoop(engine, commands, outbox, collections).run()
-    except (EOFError, BrokenPipeError):  # the API process went away
-        pass
-    except Exception as exc:
-        logger.exception("the engine loop failed")
-        outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
+        try:
+            engine, info = engine_factory(config)
+        except Exception as exc:
+            logger.exception("the engine could not start")
+            for api in apis:
+                api.outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
+        for api in apis:
+            api.outbox.send(Ready(info))
+        try:
+            with IdleCollections() as collections:
+                _EngineLoop(engine, apis, collections).run()
+        except (EOFError, BrokenPipeError):  # the process that started the engine went away
+            pass
+        except Exception as exc:
+            logger.exception("the engine loop failed")
+            for api in apis:
+                api.outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
     finally:
-        outbox.close()
+        for api in apis:
+            api.outbox.close()
 
 
 class _Outbox:
@@ -166,8 +176,10 @@ class _Outbox:
         self._queue.put(pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL))
 
     def close(self) -> None:
+        """Send what is queued, then close the pipe (its reader sees the end)."""
         self._queue.put(None)
         self._thread.join()
+        self._events.close()
 
     def _run(self) -> None:
         while (payload := self._queue.get()) is not None:
@@ -177,19 +189,26 @@ class _Outbox:
                 return
 
 
+class _ApiLink:
+    """One API process as the engine loop sees it: its commands, its events' outbox, and
+    its unfinished requests (the engine's step outputs go to the process that sent them)."""
+
+    def __init__(self, ends: PipeEnds) -> None:
+        self.commands = ends.commands
+        self.outbox = _Outbox(ends.events)
+        self.request_ids: set[str] = set()
+        self.progress: list[Progress] = []  # this step's, until sent
+        self.finished: list[RequestOutput] = []
+
+
 class _EngineLoop:
     def __init__(
-        self,
-        engine: ServedEngine,
-        commands: Connection,
-        events: _Outbox,
-        collections: IdleCollections,
+        self, engine: ServedEngine, apis: list[_ApiLink], collections: IdleCollections
     ) -> None:
         self.engine = engine
-        self.commands = commands
-        self.events = events
+        self.apis = list(apis)  # the first: the process that started the engine
         self.collections = collections
-        self.active: set[str] = set()
+        self.owners: dict[str, _ApiLink] = {}  # each unfinished request's API process
 
     def run(self) -> None:
         while True:
@@ -203,42 +222,66 @@ class _EngineLoop:
                 self._send_step(self.engine.step())
 
     def _run_commands(self) -> bool:
-        """Run the queued commands (waiting for one while idle); False on stop."""
+        """Run the queued commands of every API process (waiting for one while idle);
+        False on stop."""
         idle = not self.engine.has_unfinished_requests()
         ran = False
-        while (idle and not ran) or self.commands.poll():
-            command: Command = self.commands.recv()
-            ran = True
-            match command:
-                case AddRequests(requests):
-                    self._add(requests)
-                case Abort(request_ids):
-                    self._abort(request_ids)
-                case Call(call_id, name):
-                    self.events.send(self._call(call_id, name))
-                case Stop():
-                    self._abort_all()
-                    return False
+        while True:
+            if idle and not ran:
+                ready = connection_wait([api.commands for api in self.apis])
+            else:
+                ready = [api.commands for api in self.apis if api.commands.poll()]
+            if not ready:
+                break
+            for api in [api for api in self.apis if api.commands in ready]:
+                ran = True
+                try:
+                    command: Command = api.commands.recv()
+                except EOFError:
+                    if api is self.apis[0]:
+                        raise  # the process that started the engine went away: so do we
+                    self._forget(api)
+                    continue
+                match command:
+                    case AddRequests(requests):
+                        self._add(api, requests)
+                    case Abort(request_ids):
+                        self._abort(request_ids)
+                    case Call(call_id, name):
+                        api.outbox.send(self._call(call_id, name))
+                    case Stop():
+                        self._abort_all()
+                        return False
         if idle and ran:
             self._send_step([])  # e.g. aborts of waiting requests: the counters changed
         return True
 
-    def _add(self, requests: list[NewRequest]) -> None:
-        """Queue them in the engine (its queue is not bounded: the API process bounds how
-        many it sends)."""
+    def _add(self, api: _ApiLink, requests: list[NewRequest]) -> None:
+        """Queue them in the engine (its queue is not bounded: the API processes bound how
+        many they send)."""
         for request_id, token_ids, params in requests:
+            self.owners[request_id] = api
+            api.request_ids.add(request_id)
             try:
                 self.engine.add_request(token_ids, params, request_id)
             except ValueError as exc:  # validated by the API process; kept as a safety net
                 self._send_step([_failed(request_id, str(exc))])
-            else:
-                self.active.add(request_id)
 
     def _abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
-            if request_id in self.active:
+            api = self.owners.pop(request_id, None)
+            if api is not None:
                 self.engine.abort(request_id)
-                self.active.discard(request_id)
+                api.request_ids.discard(request_id)
+
+    def _forget(self, api: _ApiLink) -> None:
+        """An API worker went away: abort its requests, stop sending it events."""
+        if api.request_ids:
+            logger.warning("an API process went away; aborting its %d requests",
+                           len(api.request_ids))  # fmt: skip
+        self._abort(list(api.request_ids))
+        self.apis.remove(api)
+        api.outbox.close()
 
     def _call(self, call_id: int, name: str) -> CallResult:
         if name not in _CALLABLE:
@@ -250,22 +293,26 @@ class _EngineLoop:
         return CallResult(call_id, value, None)
 
     def _abort_all(self) -> None:
-        for request_id in self.active:
-            self.engine.abort(request_id)
-        self.active.clear()
+        self._abort(list(self.owners))
         while self.engine.has_unfinished_requests():
             self.engine.step()  # retires the aborted requests (and a step in flight)
         self._send_step([])
 
     def _send_step(self, outputs: list[RequestOutput]) -> None:
-        progress: list[Progress] = []
-        finished: list[RequestOutput] = []
+        """Each API process gets its requests' progress and the engine's counters."""
+        owners = self.owners
         for out in outputs:
+            api = owners.get(out.request_id)
+            if api is None:  # aborted while the step ran
+                continue
             if out.finished:
-                finished.append(out)
-                self.active.discard(out.request_id)
+                api.finished.append(out)
+                del owners[out.request_id]
+                api.request_ids.discard(out.request_id)
             else:
-                progress.append((out.request_id, out.new_token_ids, out.new_text, out.new_logprobs))
+                api.progress.append(
+                    (out.request_id, out.new_token_ids, out.new_text, out.new_logprobs)
+                )
         engine = self.engine
         snapshot = EngineSnapshot(
             num_running=engine.num_running,
@@ -275,7 +322,9 @@ class _EngineLoop:
             prompt_tokens=engine.num_prompt_tokens,
             generation_tokens=engine.num_generated_tokens,
         )
-        self.events.send(StepEvents(progress, finished, snapshot))
+        for api in self.apis:
+            api.outbox.send(StepEvents(api.progress, api.finished, snapshot))
+            api.progress, api.finished = [], []
 
 
 def _failed(request_id: str, error: str) -> RequestOutput:

@@ -14,13 +14,15 @@ clients keep theirs (httpx: 5 s), so a client never reuses one the server is clo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
 import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -28,9 +30,13 @@ import uvicorn
 
 from infer.config import EngineConfig
 from infer.server.api import create_app
+from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
 from infer.server.connections import ServerConfig
+from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
+from infer.server.in_flight import InFlight
+from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
@@ -48,11 +54,18 @@ class Server(uvicorn.Server):
         engine: AsyncEngine,
         shutdown_timeout: float,
         listener: socket.socket,
+        workers: ApiWorkers | None = None,
+        on_started: Callable[[], None] | None = None,
     ):
+        """``workers``: the API workers the app's lifespan starts (SIGTERMed here when
+        shutdown begins); ``on_started``: called once serving, instead of logging that
+        uvicorn runs (an API worker tells the process that started it)."""
         super().__init__(config)
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
         self.listener = listener
+        self.workers = workers
+        self.on_started = on_started
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         super().run(sockets or [self.listener])
@@ -60,10 +73,14 @@ class Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and sockets is not None:
-            # uvicorn leaves this to whoever bound the sockets (spawn_server reads it).
-            self._log_started_message(sockets)
+            if self.on_started is not None:
+                self.on_started()
+            else:  # uvicorn leaves this to whoever bound the sockets (spawn_server reads it)
+                self._log_started_message(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.workers is not None:
+            self.workers.terminate()  # they drain while we do
         drain = asyncio.create_task(self.engine.drain(self.shutdown_timeout))
         await super().shutdown(sockets)
         await drain
@@ -81,6 +98,7 @@ def build_server(
     timeout_keep_alive: int = DEFAULT_KEEP_ALIVE_S,
     limit_concurrency: int | None = None,
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
+    api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
@@ -89,7 +107,11 @@ def build_server(
 
     ``limit_concurrency`` bounds open connections (beyond it, 503); None: the engine's
     capacity (``max_batch_size + max_waiting_requests``) plus ``_SPARE_CONNECTIONS``.
-    ``request_read_timeout`` bounds how long a connection may take to send a request."""
+    ``request_read_timeout`` bounds how long a connection may take to send a request.
+    ``api_server_count`` API processes share the HTTP work (``api_workers.py``); with more
+    than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a directory before prometheus_client is
+    imported (``infer serve`` sees to it), and each process bounds its share of
+    ``limit_concurrency``."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -100,27 +122,95 @@ def build_server(
         raise ValueError(f"limit_concurrency: must be >= 1, got {limit_concurrency}")
     if request_read_timeout <= 0:
         raise ValueError(f"request_read_timeout: must be > 0 seconds, got {request_read_timeout}")
+    if api_server_count < 1:
+        raise ValueError(f"api_server_count: must be >= 1, got {api_server_count}")
+    if api_server_count > 1 and not shared_between_processes():
+        raise ValueError(
+            f"api_server_count: {api_server_count} API processes need {MULTIPROCESS_DIR} set "
+            "(before prometheus_client is imported), so that /metrics adds them up"
+        )
     if limit_concurrency is None:
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
         limit_concurrency = capacity + _SPARE_CONNECTIONS
-    listener = _bind(host, port)
-    app = create_app(engine_config, served_model_name, api_key, request_timeout, engine_factory)
-    config = ServerConfig(
-        app,
-        request_read_timeout=request_read_timeout,
-        connection_limit=limit_concurrency,
+    listener = _bind(host, port, reuse_port=api_server_count > 1)
+    http = HttpSettings(
         host=host,
-        port=port,
+        port=listener.getsockname()[1],  # the one bound (port 0: an ephemeral one)
+        served_model_name=served_model_name,
+        api_key=api_key,
+        request_timeout=request_timeout,
+        shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         timeout_keep_alive=timeout_keep_alive,
-        timeout_graceful_shutdown=int(shutdown_timeout + _UVICORN_GRACE_S),
+        connection_limit=-(-limit_concurrency // api_server_count),
+        request_read_timeout=request_read_timeout,
     )
-    return Server(config, app.state.engine, shutdown_timeout, listener)
+    api_ends, engine_ends = engine_pipes(api_server_count)
+    in_flight = InFlight(api_server_count)
+    workers = None
+    if api_server_count > 1:
+        context = multiprocessing.get_context("spawn")
+        specs = [
+            WorkerSpec(
+                index=i,
+                engine_config=engine_config,
+                http=http,
+                pipes=api_ends[i],
+                in_flight=in_flight.of_process(i),
+                ready=context.RawValue("b", 0),
+                engine_factory=engine_factory,
+            )
+            for i in range(1, api_server_count)
+        ]
+        workers = ApiWorkers(serve_api_worker, specs, shutdown_timeout + 2 * _UVICORN_GRACE_S)
+    link = EngineLink(api_ends[0], engine_ends)
+    return _server(engine_config, http, listener, link, in_flight, engine_factory, workers)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _server(
+    engine_config: EngineConfig,
+    http: HttpSettings,
+    listener: socket.socket,
+    link: EngineLink,
+    in_flight: InFlight,
+    engine_factory: EngineFactory,
+    workers: ApiWorkers | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> Server:
+    """One API process's server (the first, or a worker)."""
+    app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
+                     engine_factory, link, in_flight, workers)  # fmt: skip
+    config = ServerConfig(
+        app,
+        request_read_timeout=http.request_read_timeout,
+        connection_limit=http.connection_limit,
+        host=http.host,
+        port=http.port,
+        log_level=http.log_level,
+        timeout_keep_alive=http.timeout_keep_alive,
+        timeout_graceful_shutdown=int(http.shutdown_timeout + _UVICORN_GRACE_S),
+    )
+    return Server(config, app.state.engine, http.shutdown_timeout, listener, workers, on_started)
+
+
+def serve_api_worker(spec: WorkerSpec) -> None:
+    """Entry point of an API worker process: the same server on a socket of its own bound
+    to the same port, reaching the running engine over its own pipes."""
+    listener = _bind(spec.http.host, spec.http.port, reuse_port=True)
+    link = EngineLink(spec.pipes, None)
+    server = _server(spec.engine_config, spec.http, listener, link, spec.in_flight,
+                     spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
+        server.run()
+
+
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """The server's listening address, bound now (``ValueError`` naming the port when it
-    is taken) and listened on once the model is loaded."""
+    is taken) and listened on once the model is loaded.
+
+    With ``reuse_port`` every API process binds a socket of its own to the port, and the
+    kernel spreads new connections evenly over them. (One socket shared by all of them
+    went mostly to whichever process woke first: a burst's connections piled up in one.)"""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -130,6 +220,8 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ValueError(f"host: cannot listen on {host!r}: {exc}") from exc
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind(address)
     except OSError as exc:
         listener.close()

@@ -3,20 +3,28 @@
 Engine gauges and counters are read from the snapshot the engine thread publishes after
 every step, so scraping never races the engine. Latency histograms are observed when a
 request ends, from the arrival times of its tokens at the event loop (what clients see).
+
+A server with several API processes (``api_workers.py``) keeps its histograms and counters
+in prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set before
+prometheus_client is imported: ``infer serve`` does), and every process's ``/metrics``
+shows the sum of all of them.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from infer.server.async_engine import Job
 from infer.server.engine_process import EngineSnapshot
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -54,7 +62,8 @@ class ServerMetrics:
 
     def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(snapshot))
+        self._engine = _EngineCollector(snapshot)
+        self.registry.register(self._engine)
         self.ttft = Histogram(
             "infer_time_to_first_token_seconds",
             "Request arrival to its first token.",
@@ -98,4 +107,15 @@ class ServerMetrics:
             self.finished.labels(reason or "abort").inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not shared_between_processes():
+            return generate_latest(self.registry)
+        every_process = CollectorRegistry()
+        MultiProcessCollector(every_process)
+        every_process.register(self._engine)
+        return generate_latest(every_process)
+
+
+def shared_between_processes() -> bool:
+    """Whether histograms and counters go to the multiprocess files (see the module's
+    docstring)."""
+    return bool(os.environ.get(MULTIPROCESS_DIR))

@@ -7,6 +7,7 @@ import multiprocessing
 import pickle
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from multiprocessing.connection import Connection
 
@@ -14,6 +15,7 @@ import pytest
 
 from infer import EngineConfig, SamplingParams
 from infer.engine.request import RequestOutput, TokenLogprob
+from infer.server.engine_pipes import PipeEnds, engine_pipes
 from infer.server.engine_process import run_engine
 from infer.server.messages import (
     Abort,
@@ -56,26 +58,32 @@ def test_messages_survive_the_pipe_unchanged() -> None:
         assert pickle.loads(pickle.dumps(message)) == message
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[tuple[Connection, Connection]]:
-    """A stand-in engine process (1 ms steps, two sequences at a time): (commands, events)."""
-    context = multiprocessing.get_context("spawn")
-    command_out, command_in = context.Pipe(duplex=False)
-    event_out, event_in = context.Pipe(duplex=False)
+@contextmanager
+def engine_process(api_processes: int) -> Iterator[list[PipeEnds]]:
+    """A stand-in engine process (1 ms steps, two sequences at a time) and the pipe ends of
+    ``api_processes`` API processes; stopped through the first."""
+    api_ends, engine_ends = engine_pipes(api_processes)
     config = EngineConfig(model="smollm2-135m", device="cpu", max_batch_size=2)
     factory = partial(standin_engine, step_s=0.001)
-    process = context.Process(
-        target=run_engine, args=(config, command_out, event_in, factory), daemon=True
-    )
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=run_engine, args=(config, engine_ends, factory), daemon=True)
     process.start()
-    command_out.close()
-    event_in.close()
-    ready = receive(event_out)
-    assert isinstance(ready, Ready) and ready.info.vocab_size == 49152
-    yield command_in, event_out
-    command_in.send(Stop())
+    for ends in engine_ends:
+        ends.close()
+    for ends in api_ends:
+        ready = receive(ends.events)
+        assert isinstance(ready, Ready) and ready.info.vocab_size == 49152
+    yield api_ends
+    api_ends[0].commands.send(Stop())
     process.join(30)
     assert process.exitcode == 0
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[Connection, Connection]]:
+    """One API process's (commands, events)."""
+    with engine_process(1) as (ends,):
+        yield ends.commands, ends.events
 
 
 def receive(events: Connection, timeout: float = 60.0) -> Event:
@@ -136,3 +144,35 @@ def test_abort_of_running_and_waiting_sequences(engine: tuple[Connection, Connec
     assert results[0] == CallResult(1, {"used_blocks": 0, "leaked_blocks": 0,
                                         "active_sequences": 0}, None)  # fmt: skip
     assert results[1].error == "step: not an engine call"
+
+
+def test_each_api_process_gets_the_events_of_its_own_requests() -> None:
+    with engine_process(2) as (first, second):
+        first.commands.send(AddRequests([("a", [1], PARAMS)]))
+        second.commands.send(AddRequests([("b", [1], PARAMS)]))
+        assert set(until_finished(first.events, {"a"})) == {"a"}
+        assert set(until_finished(second.events, {"b"})) == {"b"}
+        second.commands.send(Call(5, "cache_stats"))  # answered to the process that asked
+        event = receive(second.events)
+        while not isinstance(event, CallResult):
+            event = receive(second.events)
+        assert event.call_id == 5 and event.error is None
+
+
+def test_an_api_worker_that_goes_away_has_its_requests_aborted() -> None:
+    long = SamplingParams(max_tokens=10_000)
+    with engine_process(2) as (first, second):
+        second.commands.send(AddRequests([("w-0", [1], long), ("w-1", [1], long)]))
+        event = receive(second.events)
+        while not (isinstance(event, StepEvents) and event.progress):
+            event = receive(second.events)
+        second.close()  # the worker ends: its sequences no longer hold the batch
+        first.commands.send(AddRequests([("a", [1], PARAMS)]))
+        seen = until_finished(first.events, {"a"})
+        assert seen["a"][-1].finished[0].finish_reason == "length"
+        assert all(p[0] == "a" for step in seen["a"] for p in step.progress)
+        first.commands.send(Call(6, "cache_stats"))
+        event = receive(first.events)
+        while not isinstance(event, CallResult):
+            event = receive(first.events)
+        assert event.value["active_sequences"] == 0  # the worker's are gone too

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,28 @@ def test_connection_defaults() -> None:
         build_server(config, port=0, limit_concurrency=0)
     with pytest.raises(ValueError, match=r"^request_read_timeout:"):
         build_server(config, port=0, request_read_timeout=0)
+
+
+def test_api_server_count_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = EngineConfig(model="smollm2-135m", device="cpu")
+    with pytest.raises(ValueError, match=r"^api_server_count: must be >= 1"):
+        build_server(config, port=0, api_server_count=0)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(ValueError, match=r"^api_server_count: 2 API processes need "):
+        build_server(config, port=0, api_server_count=2)
+
+
+def test_several_api_processes_share_the_port_and_the_connection_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    config = EngineConfig(
+        model="smollm2-135m", device="cpu", max_batch_size=8, max_waiting_requests=24
+    )
+    server = build_server(config, port=0, api_server_count=3)
+    try:
+        assert server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+        assert server.config.connection_limit == -(-(8 + 24 + 256) // 3)
+        assert server.workers is not None
+    finally:
+        server.listener.close()
