@@ -65,20 +65,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     http.add_argument(
         "--api-server-count",
         type=int,
-        default=default_api_server_count(),
+        default=1,
         help="API processes sharing the HTTP work of the one engine: parsing, tokenizing, "
-        "streaming (default: a quarter of the CPU cores, 1 to 4; here "
-        f"{default_api_server_count()})",
+        "streaming (default: 1; on a 16-core H100 host more did not serve a 256-request "
+        "burst faster, see benchmarks/RESULTS.md)",
     )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     add_engine_args(parser)
     parser.set_defaults(handler=run)
-
-
-def default_api_server_count() -> int:
-    """A quarter of the cores, 1 to 4: the engine process needs about two of them, and a
-    fifth API process did not make a 256-request burst faster on 16 cores."""
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def run(args: argparse.Namespace) -> int:

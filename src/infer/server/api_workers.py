@@ -1,13 +1,16 @@
 """API processes beyond the first: several event loops share the HTTP work of one engine.
 
-One event loop parses, validates and streams every request in turn. Under a burst (vLLM's
-client sends 256 requests at once) that made the engine wait for the last requests of the
-burst, and while 256 streams ran it kept the loop busy most of each step. API workers are
-whole API processes (the same app, its own tokenizer thread), each listening on a socket of
-its own bound to the server's port (``SO_REUSEPORT``); the kernel spreads new connections
-evenly over them and over the first one, the process that started the engine. Each worker
-talks to the engine over pipes of its own (``engine_pipes.py``); the count of unfinished
-sequences is shared (``in_flight.py``), so the server's capacity stays one bound.
+One event loop parses, validates and streams every request in turn, so where its host is
+slow or its requests heavy, it can fall behind the engine. (On a 16-core H100 host it kept
+up with vLLM's client sending 256 requests at once: four processes served that burst no
+faster, see ``benchmarks/RESULTS.md``, so ``infer serve`` starts one unless told.)
+
+API workers are whole API processes (the same app, its own tokenizer thread), each
+listening on a socket of its own bound to the server's port (``SO_REUSEPORT``); the kernel
+spreads new connections evenly over them and over the first one, the process that started
+the engine. Each worker talks to the engine over pipes of its own (``engine_pipes.py``);
+the count of unfinished sequences is shared (``in_flight.py``), so the server's capacity
+stays one bound.
 
 The first process starts the workers before the model loads (they start up meanwhile),
 announces the server only once every worker serves, and on shutdown stops them (each
