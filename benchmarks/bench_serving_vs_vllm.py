@@ -31,7 +31,9 @@ on its ``PYTHONPATH`` and ``VLLM_USE_FLASHINFER_SAMPLER=0`` (the carried build, 
 
 Raw results: ``<results-dir>/<server>-<workload>.json`` (vLLM's own JSON, detailed),
 ``<server>-startup.json``, ``<server>-serve.log`` / ``<server>-<workload>-client.log``
-(lines stamped with seconds since launch), ``summary.json``.
+(lines stamped with seconds since launch), ``<server>-<workload>-client-cpu.json`` (the
+client process's busiest second, in cores: near 1.0 its one event loop was the limit),
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 
 from infer.bench.checkpoint import is_complete, write_checkpoint
+from infer.bench.cpu_sampler import CpuSampler
 from infer.bench.results import environment, results_dir, timestamp, write_json
 from infer.bench.scoreboard import update_many
 from infer.bench.startup import INFER_MARKERS, VLLM_MARKERS, LoggedProcess, find_markers
@@ -210,12 +213,18 @@ def _run_client(
     print(f"--- {server} {workload.name}: {workload.description}", flush=True)
     started = time.monotonic()
     with open(log, "w") as f:
+        client = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
+        sampler = CpuSampler(client.pid).start()
         try:
-            code = subprocess.run(
-                command, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=CLIENT_TIMEOUT_S
-            ).returncode
+            code = client.wait(timeout=CLIENT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
             code = -1
+        sampler.stop()
+    # One process, one event loop: near 1.0, the client itself bounds what it measures.
+    client_cpu = {"peak_cores_1s": round(sampler.peak_cores(), 3)}
+    write_json(client_cpu, args.results_dir / f"{server}-{workload.name}-client-cpu.json")
     if code != 0 or not result.exists():
         tail = log.read_text().splitlines()[-15:]
         print(f"!!! {server} {workload.name}: client exit {code}:\n" + "\n".join(tail), flush=True)
@@ -224,7 +233,8 @@ def _run_client(
     print(
         f"{server} {workload.name}: {row['output_tok_s']:,.1f} output tok/s, TTFT p50 "
         f"{row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms, "
-        f"{row['completed']}/{row['num_prompts']} ok ({time.monotonic() - started:.0f} s)",
+        f"{row['completed']}/{row['num_prompts']} ok ({time.monotonic() - started:.0f} s), "
+        f"client's busiest second {client_cpu['peak_cores_1s']:.2f} cores",
         flush=True,
     )
     return True

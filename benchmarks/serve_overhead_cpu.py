@@ -40,6 +40,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from infer.bench.cpu_sampler import cpu_seconds
+
 MODEL = "smollm2-135m"
 
 
@@ -130,11 +132,6 @@ def _wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
         except OSError:
             time.sleep(0.2)
     raise SystemExit("the server did not start")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the client -----------------------------------------------------------------------------
@@ -252,9 +249,9 @@ def main() -> None:
             )
             time.sleep(1.0)
         for run in range(args.runs):
-            cpu, client_cpu = _cpu_seconds(server.pid), time.process_time()
+            cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
             report = Report(asyncio.run(_run(port, requests)))
-            report.cpu_s = _cpu_seconds(server.pid) - cpu
+            report.cpu_s = cpu_seconds(server.pid) - cpu
             report.client_cpu_s = time.process_time() - client_cpu
             print(json.dumps({"run": run, "endpoint": args.endpoint, **report.summary(step_s)}))
     finally:

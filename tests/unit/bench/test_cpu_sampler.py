@@ -1,0 +1,32 @@
+"""The CPU sampler tells a busy process from an idle one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from infer.bench.cpu_sampler import CpuSampler
+
+BUSY = "import time\nend = time.monotonic() + 2.5\nwhile time.monotonic() < end: pass"
+IDLE = "import time; time.sleep(2.5)"
+
+
+def _peak(code: str) -> float:
+    child = subprocess.Popen([sys.executable, "-c", code])
+    sampler = CpuSampler(child.pid, interval_s=0.05).start()
+    child.wait(60)
+    sampler.stop()
+    return sampler.peak_cores(window_s=1.0)
+
+
+def test_a_busy_loop_keeps_about_one_core_busy_and_a_sleep_none() -> None:
+    assert 0.6 < _peak(BUSY) <= 1.2  # one thread: at most one core (a shared CI core: less)
+    assert _peak(IDLE) < 0.3  # the interpreter's start-up only
+
+
+def test_too_few_samples_give_zero() -> None:
+    sampler = CpuSampler(pid=1)
+    sampler.samples = [(0.0, 0.0), (0.5, 0.5)]
+    assert sampler.peak_cores(window_s=1.0) == 0.0
+    sampler.samples = [(0.0, 0.0), (0.5, 0.1), (1.0, 0.9), (1.5, 1.0)]
+    assert sampler.peak_cores(window_s=1.0) == 0.9
