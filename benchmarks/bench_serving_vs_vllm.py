@@ -32,7 +32,8 @@ on its ``PYTHONPATH`` and ``VLLM_USE_FLASHINFER_SAMPLER=0`` (the carried build, 
 Raw results: ``<results-dir>/<server>-<workload>.json`` (vLLM's own JSON, detailed),
 ``<server>-startup.json``, ``<server>-serve.log`` / ``<server>-<workload>-client.log``
 (lines stamped with seconds since launch), ``<server>-<workload>-client-cpu.json`` (the
-client process's busiest second, in cores: near 1.0 its one event loop was the limit),
+cores the client process kept busy while its timed requests ran: near 1.0 its one event
+loop was the limit),
 ``summary.json``.
 """
 
@@ -212,18 +213,15 @@ def _run_client(
     log = args.results_dir / f"{server}-{workload.name}-client.log"
     print(f"--- {server} {workload.name}: {workload.description}", flush=True)
     started = time.monotonic()
-    with open(log, "w") as f:
-        client = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
-        sampler = CpuSampler(client.pid).start()
-        try:
-            code = client.wait(timeout=CLIENT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            client.kill()
-            client.wait()
-            code = -1
-        sampler.stop()
-    # One process, one event loop: near 1.0, the client itself bounds what it measures.
-    client_cpu = {"peak_cores_1s": round(sampler.peak_cores(), 3)}
+    client = LoggedProcess.start(command, log, env)
+    sampler = CpuSampler(client.process.pid).start()
+    try:
+        code = client.process.wait(timeout=CLIENT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        code = -1
+    sampler.stop()
+    client.stop()
+    client_cpu = _client_cpu(client, sampler)
     write_json(client_cpu, args.results_dir / f"{server}-{workload.name}-client-cpu.json")
     if code != 0 or not result.exists():
         tail = log.read_text().splitlines()[-15:]
@@ -234,10 +232,31 @@ def _run_client(
         f"{server} {workload.name}: {row['output_tok_s']:,.1f} output tok/s, TTFT p50 "
         f"{row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms, "
         f"{row['completed']}/{row['num_prompts']} ok ({time.monotonic() - started:.0f} s), "
-        f"client's busiest second {client_cpu['peak_cores_1s']:.2f} cores",
+        f"client CPU while the requests ran: {client_cpu['run_cores']} cores",
         flush=True,
     )
     return True
+
+
+# What ``vllm bench serve`` prints just before its timed requests and just after them.
+_RUN_STARTS = "Starting main benchmark run"
+_RUN_ENDS = "Serving Benchmark Result"
+
+
+def _client_cpu(client: LoggedProcess, sampler: CpuSampler) -> dict[str, float | None]:
+    """The cores the client process kept busy while its timed requests ran (one Python
+    process: near 1.0 its event loop bounded what it measured), and in its busiest second
+    (which may be its set-up: tokenizing the prompts)."""
+    lines = {marker: next((at for at, line in client.lines if marker in line), None)
+             for marker in (_RUN_STARTS, _RUN_ENDS)}  # fmt: skip
+    start, end = lines[_RUN_STARTS], lines[_RUN_ENDS]
+    run = None
+    if start is not None and end is not None:
+        run = sampler.cores_between(client.started + start, client.started + end)
+    return {
+        "run_cores": None if run is None else round(run, 3),
+        "peak_cores_1s": round(sampler.peak_cores(), 3),
+    }
 
 
 def report(args: argparse.Namespace, workloads: list[ServingWorkload]) -> None:

@@ -2,7 +2,7 @@
 
 A load generator in one Python process has one core for its event loop. When a server
 streams faster than the client can parse, the client's measurements describe the client:
-its busiest second tells whether it was near that limit."""
+how busy it was while the requests ran tells whether it was near that limit."""
 
 from __future__ import annotations
 
@@ -47,6 +47,15 @@ class CpuSampler:
                 return  # the process ended
             if self._stop.wait(self.interval_s):
                 return
+
+    def cores_between(self, start: float, end: float) -> float | None:
+        """The cores the process kept busy from ``start`` to ``end`` (``time.monotonic``),
+        between the first sample at or after ``start`` and the last at or before ``end``;
+        None if fewer than two samples fall inside."""
+        inside = [(wall, cpu) for wall, cpu in self.samples if start <= wall <= end]
+        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
     def peak_cores(self, window_s: float = 1.0) -> float:
         """The most cores the process kept busy over any ``window_s`` of the samples (1.0:

@@ -30,3 +30,10 @@ def test_too_few_samples_give_zero() -> None:
     assert sampler.peak_cores(window_s=1.0) == 0.0
     sampler.samples = [(0.0, 0.0), (0.5, 0.1), (1.0, 0.9), (1.5, 1.0)]
     assert sampler.peak_cores(window_s=1.0) == 0.9
+
+
+def test_cores_between_two_moments_count_only_the_samples_inside() -> None:
+    sampler = CpuSampler(pid=1)
+    sampler.samples = [(0.0, 0.0), (1.0, 2.0), (2.0, 2.5), (3.0, 3.0), (4.0, 5.0)]
+    assert sampler.cores_between(0.9, 3.1) == 0.5  # 1 CPU second over 2 s
+    assert sampler.cores_between(1.5, 2.5) is None  # one sample: nothing to divide
