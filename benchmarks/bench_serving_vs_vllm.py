@@ -117,8 +117,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--startup-timeout", type=float, default=300.0, help="seconds (default: 300)"
     )
-    parser.add_argument("--infer-args", default="", help="more `infer serve` flags (one string)")
-    parser.add_argument("--vllm-args", default="", help="more `vllm serve` flags (one string)")
+    parser.add_argument(
+        "--infer-args",
+        default="",
+        help='more `infer serve` flags, one string with "=" (--infer-args="--api-server-count 4")',
+    )
+    parser.add_argument(
+        "--vllm-args", default="", help='more `vllm serve` flags, one string with "=" as above'
+    )
     return parser
 
 
