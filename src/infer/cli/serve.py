@@ -76,11 +76,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.api_server_count == 1:
+        return _serve(args)
     with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
-        if args.api_server_count > 1:
-            # Before prometheus_client is imported (with the server): every API process then
-            # keeps its metrics there (see infer.server.metrics).
-            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
+        # Before prometheus_client is imported (with the server): every API process then
+        # keeps its metrics there (see infer.server.metrics).
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
         return _serve(args)
 
 

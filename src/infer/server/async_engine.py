@@ -475,8 +475,7 @@ class AsyncEngine:
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
             raise EngineStoppedError(f"{ENGINE_FAILED}: {self.error}")
-        started = self._link_open if self._attached else self._process is not None
-        if not started or self._stopping or (accepting and not self.accepting):
+        if not self._link_open or self._stopping or (accepting and not self.accepting):
             raise EngineStoppedError("the server is shutting down")
 
     # --- events from the engine (event loop) -----------------------------------------------

@@ -28,8 +28,6 @@ class PipeEnds:
 
 def engine_pipes(count: int) -> tuple[list[PipeEnds], list[PipeEnds]]:
     """Pipes for ``count`` API processes: (their ends, the engine's ends), index by index."""
-    if count < 1:
-        raise ValueError(f"api_server_count: must be >= 1, got {count}")
     context = multiprocessing.get_context("spawn")
     api_ends: list[PipeEnds] = []
     engine_ends: list[PipeEnds] = []

@@ -190,13 +190,12 @@ class _Outbox:
 
 
 class _ApiLink:
-    """One API process as the engine loop sees it: its commands, its events' outbox, and
-    its unfinished requests (the engine's step outputs go to the process that sent them)."""
+    """One API process as the engine loop sees it: its commands, and its events' outbox
+    with what this step gives its requests (step outputs go to the process that sent them)."""
 
     def __init__(self, ends: PipeEnds) -> None:
         self.commands = ends.commands
         self.outbox = _Outbox(ends.events)
-        self.request_ids: set[str] = set()
         self.progress: list[Progress] = []  # this step's, until sent
         self.finished: list[RequestOutput] = []
 
@@ -228,12 +227,11 @@ class _EngineLoop:
         ran = False
         while True:
             if idle and not ran:
-                ready = connection_wait([api.commands for api in self.apis])
-            else:
-                ready = [api.commands for api in self.apis if api.commands.poll()]
+                connection_wait([api.commands for api in self.apis])
+            ready = [api for api in self.apis if api.commands.poll()]
             if not ready:
                 break
-            for api in [api for api in self.apis if api.commands in ready]:
+            for api in ready:
                 ran = True
                 try:
                     command: Command = api.commands.recv()
@@ -261,7 +259,6 @@ class _EngineLoop:
         many they send)."""
         for request_id, token_ids, params in requests:
             self.owners[request_id] = api
-            api.request_ids.add(request_id)
             try:
                 self.engine.add_request(token_ids, params, request_id)
             except ValueError as exc:  # validated by the API process; kept as a safety net
@@ -272,14 +269,13 @@ class _EngineLoop:
             api = self.owners.pop(request_id, None)
             if api is not None:
                 self.engine.abort(request_id)
-                api.request_ids.discard(request_id)
 
     def _forget(self, api: _ApiLink) -> None:
         """An API worker went away: abort its requests, stop sending it events."""
-        if api.request_ids:
-            logger.warning("an API process went away; aborting its %d requests",
-                           len(api.request_ids))  # fmt: skip
-        self._abort(list(api.request_ids))
+        orphans = [request_id for request_id, owner in self.owners.items() if owner is api]
+        if orphans:
+            logger.warning("an API process went away; aborting its %d requests", len(orphans))
+        self._abort(orphans)
         self.apis.remove(api)
         api.outbox.close()
 
@@ -308,7 +304,6 @@ class _EngineLoop:
             if out.finished:
                 api.finished.append(out)
                 del owners[out.request_id]
-                api.request_ids.discard(out.request_id)
             else:
                 api.progress.append(
                     (out.request_id, out.new_token_ids, out.new_text, out.new_logprobs)
