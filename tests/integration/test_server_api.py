@@ -36,13 +36,21 @@ def offline(smollm2_llm: Any) -> dict[str, Any]:
     }
 
 
-def metric(url: str, name: str) -> float:
+def metric(url: str, name: str, default: float | None = None) -> float:
+    """A sample's value, summed over its labels; ``default`` for one not shown yet (a
+    labelled counter before its first label, e.g. finished requests before any finished)."""
     text = httpx.get(f"{url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise KeyError(name)
+    values = [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+    if values:
+        return sum(values)
+    if default is None:
+        raise KeyError(name)
+    return default
 
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -442,7 +450,7 @@ def test_models_health_and_cache_stats(url: str, client: openai.OpenAI) -> None:
 
 
 def test_metrics_count_requests_and_tokens(url: str, client: openai.OpenAI) -> None:
-    finished = metric(url, "infer_request_finished_total")
+    finished = metric(url, "infer_request_finished_total", default=0.0)
     generated = metric(url, "infer_generation_tokens_total")
     ttft = metric(url, "infer_time_to_first_token_seconds_count")
     client.completions.create(

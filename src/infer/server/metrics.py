@@ -2,7 +2,8 @@
 
 Engine gauges and counters are read from the snapshot the engine thread publishes after
 every step, so scraping never races the engine. Latency histograms are observed when a
-request ends, from the arrival times of its tokens at the event loop (what clients see).
+request ends, from the arrival times of its tokens at the event loop (what clients see), all
+of a sequence's inter-token latencies in one pass (``observe_all``).
 
 A server with several API processes (``api_workers.py``) keeps its histograms and counters
 in prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set before
@@ -12,10 +13,10 @@ shows the sum of all of them.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Iterator
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -100,8 +101,7 @@ class ServerMetrics:
         for times, reason in zip(job.token_times, job.finish_reasons):
             if times:
                 self.ttft.observe(times[0] - job.submitted)
-                for previous, current in itertools.pairwise(times):
-                    self.itl.observe(current - previous)
+                observe_all(self.itl, np.diff(times))
             if reason is not None and times:
                 self.e2e.observe(times[-1] - job.submitted)
             self.finished.labels(reason or "abort").inc()
@@ -113,6 +113,24 @@ class ServerMetrics:
         MultiProcessCollector(every_process)
         every_process.register(self._engine)
         return generate_latest(every_process)
+
+
+def observe_all(histogram: Histogram, amounts: np.ndarray) -> None:
+    """``histogram.observe(a)`` for each ``a`` (of a histogram without labels), in one pass.
+
+    prometheus_client observes one value per call, ~1-3 µs in Python; at the end of a burst
+    a few hundred streams of a few hundred tokens each close within a few steps, and their
+    inter-token latencies held the event loop for ~160 ms, delaying the last tokens by as
+    much. Here each bucket gets its count at once (where ``observe`` puts a value: the first
+    bucket whose upper bound is not below it)."""
+    if amounts.size == 0:
+        return
+    bounds = histogram._upper_bounds  # no public way to add counts
+    counts = np.bincount(np.searchsorted(bounds, amounts), minlength=len(bounds))
+    for bucket, count in zip(histogram._buckets, counts.tolist(), strict=True):
+        if count:
+            bucket.inc(count)
+    histogram._sum.inc(float(amounts.sum()))
 
 
 def shared_between_processes() -> bool:
