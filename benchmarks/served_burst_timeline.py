@@ -125,7 +125,9 @@ def _client_times(saved: dict[str, Any]) -> tuple[list[float], list[float], list
     return starts, firsts, lasts
 
 
-def null_runs(out: Path, seeds: list[int], env: dict[str, str]) -> list[dict[str, Any]]:
+def null_runs(
+    out: Path, seeds: list[int], workloads: list[str], env: dict[str, str]
+) -> list[dict[str, Any]]:
     port = _free_port()
     arrivals = out / "arrivals.jsonl"
     server = subprocess.Popen([sys.executable, __file__, "--out", str(out), "--serve-null",
@@ -133,9 +135,9 @@ def null_runs(out: Path, seeds: list[int], env: dict[str, str]) -> list[dict[str
     reports = []
     try:
         time.sleep(2.0)
-        for seed in seeds:
+        for seed, workload in zip(seeds, workloads, strict=True):
             mark = _size(arrivals)
-            saved = _run_client(out, f"null-{seed}", "burst256", port, seed, env)
+            saved = _run_client(out, f"null-{seed}", workload, port, seed, env)
             starts, _, lasts = _client_times(saved)
             origin = min(starts)
             seen = [a for a in _lines(arrivals, mark) if a["connected"] >= origin - 1e-3]
@@ -152,7 +154,9 @@ def null_runs(out: Path, seeds: list[int], env: dict[str, str]) -> list[dict[str
     return reports
 
 
-def infer_runs(out: Path, seeds: list[int], env: dict[str, str]) -> list[dict[str, Any]]:
+def infer_runs(
+    out: Path, seeds: list[int], workloads: list[str], env: dict[str, str]
+) -> list[dict[str, Any]]:
     port = _free_port()
     command = [sys.executable, "benchmarks/trace_serving.py", "--model", CHECKPOINT,
                "--out", str(out), "--serve", str(port)]  # fmt: skip
@@ -161,7 +165,7 @@ def infer_runs(out: Path, seeds: list[int], env: dict[str, str]) -> list[dict[st
     reports = []
     try:
         _wait_healthy(port, server)
-        for seed, workload in zip(seeds, ("burst256", "completions", "burst256"), strict=False):
+        for seed, workload in zip(seeds, workloads, strict=True):
             marks = (_size(out / "api.jsonl"), _size(out / "engine.jsonl"))
             saved = _run_client(out, f"infer-{workload}-{seed}", workload, port, seed, env)
             time.sleep(1.0)  # the trace files flushed
@@ -216,6 +220,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--null", action="store_true", help="the client against a null server")
     parser.add_argument("--seeds", default="1,2,3", help="one run per seed")
+    parser.add_argument(
+        "--workloads",
+        default="burst256,completions,burst256",
+        help="each run's workload (vllm_bench's names), one per seed; --null uses the first",
+    )
     parser.add_argument("--vllm-site", default="/tmp/vsite")
     parser.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,8 +235,13 @@ def main() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **VLLM_ENVIRONMENT}
     env["PYTHONPATH"] = ":".join(p for p in (args.vllm_site, env.get("PYTHONPATH")) if p)
     seeds = [int(s) for s in args.seeds.split(",")]
+    workloads = args.workloads.split(",")
+    if args.null:
+        workloads = workloads[:1] * len(seeds)
+    if len(workloads) != len(seeds) or not set(workloads) <= set(SERVING_WORKLOADS):
+        raise SystemExit(f"--workloads: one of {', '.join(SERVING_WORKLOADS)} per seed")
     runs = null_runs if args.null else infer_runs
-    reports = runs(args.out, seeds, env)
+    reports = runs(args.out, seeds, workloads, env)
     (args.out / f"timeline-{'null' if args.null else 'infer'}.json").write_text(
         json.dumps(reports, indent=1)
     )
