@@ -9,6 +9,7 @@ import torch
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, sample
 from infer.engine.sampling_params import SamplingParams
+from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered, sample_filtered_torch
 
 pytestmark = [
     pytest.mark.gpu,
@@ -42,3 +43,37 @@ def test_logit_bias_on_the_device_matches_the_cpu() -> None:
     assert on_gpu == tokens("cpu")
     assert on_gpu[0] != favourite and on_gpu[1] == 123 and on_gpu[5] == VOCAB - 1
     assert on_gpu[3] == int(logits[3].argmax())
+
+
+def test_the_kernel_draws_the_reference_tokens_at_a_real_vocabulary() -> None:
+    """256 rows of every setting (greedy, temperature, top-k, top-p, min-p, masks) at
+    Llama 3's vocabulary: the Triton kernel's tokens are the torch reference's."""
+    torch.manual_seed(1)
+    rows = 256
+    logits = torch.randn(rows, VOCAB) * 3
+    settings = RowSettings(
+        temperature=torch.tensor([0.0, 1.0, 0.7, 1.0, 0.6, 1.0, 1.2, 0.8] * 32),
+        top_k=torch.tensor([VOCAB, VOCAB, VOCAB, 50, VOCAB, 1, 20, 1000] * 32),
+        top_p=torch.tensor([1.0, 1.0, 0.9, 1.0, 0.95, 1.0, 0.5, 0.8] * 32),
+        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.01] * 32),
+        seeds=torch.arange(rows, dtype=torch.int64) * 7919,
+        steps=torch.arange(rows, dtype=torch.int64) % 13,
+        use_top_k=True,
+        use_top_p=True,
+        use_min_p=True,
+    )
+    words = (VOCAB + 31) // 32
+    bits = torch.randint(-(2**31), 2**31 - 1, (4, words), dtype=torch.int32)
+    mask_rows = torch.tensor([-1, -1, -1, 0, -1, 1, 2, 3] * 32, dtype=torch.int32)
+    mask = TokenMask(bits, mask_rows)
+    expected = sample_filtered_torch(logits, settings, mask)
+    cuda = torch.device("cuda")
+    on_gpu = RowSettings(
+        *(t.to(cuda) for t in (settings.temperature, settings.top_k, settings.top_p)),
+        *(t.to(cuda) for t in (settings.min_p, settings.seeds, settings.steps)),
+        True,
+        True,
+        True,
+    )
+    got = sample_filtered(logits.to(cuda), on_gpu, TokenMask(bits.to(cuda), mask_rows.to(cuda)))
+    assert (got.cpu() == expected).float().mean() >= 0.99  # float sums may differ at an edge

@@ -19,9 +19,9 @@ from typing import Protocol
 from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult
+from infer.bench.sampling import GREEDY, BenchSampling
 from infer.bench.workloads import RequestSpec, Workload
 from infer.engine.engine import Engine
-from infer.engine.sampling_params import SamplingParams
 from infer.heap import frozen_heap
 
 
@@ -36,7 +36,7 @@ class SteppedEngine(Protocol):
         ...
 
     def add(self, request_id: str, spec: RequestSpec) -> None:
-        """Queue one request (greedy, EOS ignored)."""
+        """Queue one request (the run's sampling settings, EOS ignored)."""
         ...
 
     def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
@@ -57,12 +57,16 @@ def check_fits(workload: Workload, max_seq_len: int) -> None:
 
 
 def run_infer(
-    engine: Engine, workload: Workload, warmup: Workload | None = None, progress: bool = True
+    engine: Engine,
+    workload: Workload,
+    warmup: Workload | None = None,
+    progress: bool = True,
+    sampling: BenchSampling = GREEDY,
 ) -> RunResult:
     """Run ``warmup`` (unmeasured), then ``workload``; peak KV use and preemptions count the
     measured part only."""
     check_fits(workload, engine.max_seq_len)
-    stepped = _InferEngine(engine)
+    stepped = _InferEngine(engine, sampling)
     if warmup is not None:
         drive(stepped, warmup, "warmup", progress=False)
     engine.peak_utilization = 0.0
@@ -76,8 +80,9 @@ def run_infer(
 
 
 class _InferEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sampling: BenchSampling) -> None:
         self.engine = engine
+        self.sampling = sampling
 
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -86,7 +91,7 @@ class _InferEngine:
         self.engine.wait_to_schedule()
 
     def add(self, request_id: str, spec: RequestSpec) -> None:
-        params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
+        params = self.sampling.params(spec.max_tokens)
         self.engine.add_request(spec.prompt_token_ids, params, request_id=request_id)
 
     def step(self, requests: dict[str, RequestMetrics], start: float) -> int:

@@ -1,7 +1,8 @@
 """The vLLM peer: the same model and workload through vLLM's offline engine (``--engine vllm``).
 
 vLLM is imported here only, and only when a run asks for it (``import_vllm``). The requests
-are the harness's own (``infer.bench.workloads``: token-id prompts, greedy, EOS ignored, so
+are the harness's own (``infer.bench.workloads``: token-id prompts, the run's sampling
+settings (``infer.bench.sampling``, greedy by default), EOS ignored, so
 every request produces exactly its output length); a shape preset becomes a folder with its
 ``config.json`` that vLLM loads with ``load_format="dummy"`` (random weights at the real
 shapes, as ``--load-format dummy`` does for infer); a checkpoint directory is loaded as it is.
@@ -27,6 +28,7 @@ from typing import Any
 
 from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
 from infer.bench.offline import check_fits, drive
+from infer.bench.sampling import GREEDY, BenchSampling
 from infer.bench.workloads import RequestSpec, Workload
 from infer.config import EngineConfig
 from infer.loader import resolve_model
@@ -116,21 +118,25 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
 
 
 def run_vllm(
-    llm: Any, workload: Workload, warmup: Workload | None = None, progress: bool = True
+    llm: Any,
+    workload: Workload,
+    warmup: Workload | None = None,
+    progress: bool = True,
+    sampling: BenchSampling = GREEDY,
 ) -> RunResult:
     """Run ``warmup`` (unmeasured), then ``workload``, through vLLM's engine; a burst also
     goes once through ``LLM.generate`` (``generate_output_tok_s``)."""
     check_fits(workload, llm.llm_engine.vllm_config.model_config.max_model_len)
-    stepped = _VllmEngine(llm.llm_engine)
+    stepped = _VllmEngine(llm.llm_engine, sampling)
     if warmup is not None:
         drive(stepped, warmup, "warmup", progress=False, label="vllm")
     result = RunResult(drive(stepped, workload, "bench", progress, label="vllm"))
     if workload.is_burst:
-        result.extra["generate_output_tok_s"] = _generate_tok_s(llm, workload)
+        result.extra["generate_output_tok_s"] = _generate_tok_s(llm, workload, sampling)
     return result
 
 
-def _generate_tok_s(llm: Any, workload: Workload) -> float:
+def _generate_tok_s(llm: Any, workload: Workload, sampling: BenchSampling) -> float:
     """Output tok/s of the same burst through vLLM's own batch API (final outputs only, the
     prefix cache emptied first): a check that stepping the engine with delta outputs, which
     times every token, does not slow vLLM down."""
@@ -138,7 +144,9 @@ def _generate_tok_s(llm: Any, workload: Workload) -> float:
 
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in workload.requests]
     params = [
-        SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False)
+        SamplingParams(
+            **_vllm_sampling(sampling), max_tokens=r.max_tokens, ignore_eos=True, detokenize=False
+        )
         for r in workload.requests
     ]
     llm.reset_prefix_cache()
@@ -151,13 +159,13 @@ def _generate_tok_s(llm: Any, workload: Workload) -> float:
 class _VllmEngine:
     """vLLM's ``LLMEngine`` as a ``SteppedEngine``."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sampling: BenchSampling) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         self.engine = engine
         self._params = lambda max_tokens: SamplingParams(
-            temperature=0.0,
+            **_vllm_sampling(sampling),
             max_tokens=max_tokens,
             ignore_eos=True,
             detokenize=False,
@@ -185,3 +193,8 @@ class _VllmEngine:
             if out.finished:
                 finished += 1
         return finished
+
+
+def _vllm_sampling(sampling: BenchSampling) -> dict[str, Any]:
+    """The same settings in vLLM's terms (no top-k limit is -1 there)."""
+    return {**sampling.as_dict(), "top_k": sampling.top_k or -1}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.bench.metrics import RunResult
+from infer.bench.sampling import BenchSampling, add_sampling_args
 from infer.bench.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import EngineConfig
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "then the ratios (default: infer)",
     )
     _add_workload_args(offline)
+    add_sampling_args(offline)
     add_engine_args(offline, exclude=frozenset({"seed"}))
     offline.set_defaults(handler=run_offline)
 
@@ -171,6 +173,8 @@ def run_offline(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)  # validates the flags before anything runs
     names = parse_workload_names(args.workload)
     engines = parse_engines(args.engine)
+    if "hf" in engines and not BenchSampling.from_args(args).greedy:
+        raise ValueError("engine: the hf peer decodes greedily; drop --temperature or hf")
     if "vllm" in engines:
         from infer.bench.vllm_peer import check_available
 
@@ -216,7 +220,8 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
         check_fits(workload, max_seq_len)
     device = config.resolved_device
     ceilings = measure_ceilings(device) if engine == "infer" and device.type == "cuda" else None
-    run, details, close = _engine_runner(engine, config, max_seq_len, args.progress)
+    sampling = BenchSampling.from_args(args)
+    run, details, close = _engine_runner(engine, config, max_seq_len, args.progress, sampling)
     try:
         ok = True
         for workload, warmup in pairs:
@@ -225,6 +230,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 "model": config.model,
                 "workload": workload.name,
                 "description": workload.description,
+                "sampling": sampling.as_dict(),
             }
             try:
                 summary = summarize(run(workload, warmup))
@@ -256,7 +262,8 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 ranks = (
                     f"-tp{config.tensor_parallel_size}" if config.tensor_parallel_size > 1 else ""
                 )
-                name = f"offline/{_model_name(config.model)}/{workload.name}/{engine}{ranks}"
+                label = "" if sampling.greedy else f"/{sampling.label}"
+                name = f"offline/{_model_name(config.model)}/{workload.name}{label}/{engine}{ranks}"
                 _record_score(name, summary)
     finally:
         close()
@@ -284,7 +291,7 @@ def _record_score(prefix: str, summary: dict[str, Any]) -> None:
 
 
 def _engine_runner(
-    engine: str, config: EngineConfig, max_seq_len: int, progress: bool
+    engine: str, config: EngineConfig, max_seq_len: int, progress: bool, sampling: BenchSampling
 ) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any], Callable[[], None]]:
     """``run(workload, warmup)`` for one engine (loaded once), its settings to record, and
     what stops it (infer's tensor-parallel workers, before the interpreter exits)."""
@@ -303,13 +310,17 @@ def _engine_runner(
             "max_seq_len": llm.engine.max_seq_len,
             "cuda_graphs": config.cuda_graphs_enabled,
         }
-        return (lambda w, warm: run_infer(llm.engine, w, warm, progress)), details, llm.engine.close
+        return (
+            (lambda w, warm: run_infer(llm.engine, w, warm, progress, sampling)),
+            details,
+            llm.engine.close,
+        )
 
     if engine == "vllm":
         from infer.bench.vllm_peer import build_vllm, run_vllm
 
         llm, details = build_vllm(config, max_seq_len)
-        return (lambda w, warm: run_vllm(llm, w, warm, progress)), details, _nothing
+        return (lambda w, warm: run_vllm(llm, w, warm, progress, sampling)), details, _nothing
 
     from infer.bench.hf_peer import build_hf_model, run_hf
 

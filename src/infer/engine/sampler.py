@@ -1,10 +1,10 @@
-"""Batched sampling on the device: logit bias, penalties, grammar masks, temperature, min-p,
-top-k, top-p, seeds.
+"""Batched sampling on the device: logit bias, ``min_tokens`` bans and penalties change the
+logits in place, then one filtered draw per row (``kernels.sampling``: temperature, min-p,
+top-k, top-p, grammar masks, seeds; a Triton kernel on a GPU) and the logprobs asked for.
 
-Each row draws its randomness from a counter-based hash of (its seed, how many tokens it has
-generated, the vocabulary index), so a seeded request samples the same tokens whatever else
-is in the batch, with no per-request generator and no per-row loop. The sample itself is the
-Gumbel-max trick: ``argmax(logits / T + Gumbel noise)`` over the tokens the filters keep.
+A seeded row draws its randomness from a hash of (its seed, how many tokens it has generated,
+the vocabulary index), so it samples the same tokens whatever else is in the batch, with no
+per-request generator and no per-row loop.
 """
 
 from __future__ import annotations
@@ -16,46 +16,18 @@ from torch import Tensor
 
 from infer.engine.request import Request
 from infer.engine.structured import Bitmask, start_bitmask
-
-_MASK32 = 0xFFFFFFFF
-_HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
-
-
-def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash with good avalanche (values kept in int64, below 2**32)."""
-    x = (((x >> 16) ^ x) * _HASH_MULTIPLIER) & _MASK32
-    x = (((x >> 16) ^ x) * _HASH_MULTIPLIER) & _MASK32
-    return (x >> 16) ^ x
-
-
-def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int) -> Tensor:
-    """``[B, V]`` uniform (0, 1) values determined by each row's ``(seed, step)``."""
-    low, high = seeds & _MASK32, (seeds >> 32) & _MASK32
-    row = _mix32(_mix32(low ^ _mix32(high)) ^ (steps & _MASK32))
-    index = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix32(_mix32(row[:, None] ^ index[None, :]))
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 
 
 @dataclass
 class SamplingBatch:
     """The settings of every row of a step, as device tensors (built once per step)."""
 
-    greedy: Tensor  # [B] bool
-    temperature: Tensor  # [B]
-    top_k: Tensor  # [B] int64, vocabulary size where unlimited
-    top_p: Tensor  # [B]
-    min_p: Tensor  # [B]
-    seeds: Tensor  # [B] int64
-    steps: Tensor  # [B] int64
-    all_greedy: bool
-    use_top_k: bool
-    use_top_p: bool
-    use_min_p: bool
+    rows: RowSettings
     penalties: _Penalties | None
     bias: _LogitBias | None
     banned: tuple[Tensor, Tensor] | None  # (rows, token ids) that must not be sampled yet
-    allowed: _TokenBitmask | None  # the grammars' masks of the constrained rows
+    mask: TokenMask | None  # the grammars' masks of the constrained rows
     num_logprobs: int | None  # top alternatives to report (None: no logprobs this step)
 
     @classmethod
@@ -85,68 +57,81 @@ class SamplingBatch:
             ],
             dtype=torch.int64,
         ).to(device, non_blocking=True)
-        temperature = floats[:, 0]
         requested = [p.logprobs for p in params if p.logprobs is not None]
-        return cls(
-            greedy=temperature == 0.0,
-            temperature=temperature,
+        rows = RowSettings(
+            temperature=floats[:, 0],
             top_k=ints[:, 0],
             top_p=floats[:, 1],
             min_p=floats[:, 2],
             seeds=ints[:, 1],
             steps=ints[:, 2],
-            all_greedy=all(p.greedy for p in params),
             use_top_k=any(k < vocab_size for k in top_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
             use_min_p=any(p.min_p > 0.0 for p in params),
-            penalties=_Penalties.build(requests, vocab_size, device),
+        )
+        return cls(
+            rows=rows,
+            penalties=_Penalties.build(requests, device),
             bias=_LogitBias.build(requests, device),
             banned=_banned_tokens(requests, output_indices, device),
-            allowed=_TokenBitmask.build(requests, vocab_size, device, bitmask),
+            mask=token_mask(requests, vocab_size, device, bitmask),
             num_logprobs=max(requested) if requested else None,
         )
+
+    @property
+    def changes_logits(self) -> bool:
+        return self.penalties is not None or self.bias is not None or self.banned is not None
 
 
 @dataclass
 class _Penalties:
+    """Repetition, presence and frequency penalties, applied by gathering and scattering the
+    tokens each row has seen (no ``[B, V]`` tables): duplicates of a token write the same
+    value, so a token seen twice is penalised once, except by its frequency."""
+
     repetition: Tensor  # [B, 1]
-    presence: Tensor  # [B, 1]
+    presence: Tensor  # [B, 1], zero for rows without outputs
     frequency: Tensor  # [B, 1]
-    output_counts: Tensor  # [B, V] occurrences in the output so far
-    seen: Tensor  # [B, V] bool, in prompt or output
+    seen: Tensor  # [B, S] token ids in prompt or output, padded with a repeat
+    outputs: Tensor  # [B, O] output token ids, padded with a repeat (or 0)
+    counted: Tensor  # [B, O] 1 for an output token, 0 for padding
 
     @classmethod
-    def build(
-        cls, requests: list[Request], vocab_size: int, device: torch.device
-    ) -> _Penalties | None:
+    def build(cls, requests: list[Request], device: torch.device) -> _Penalties | None:
         if not any(r.params.needs_penalties for r in requests):
             return None
+        p = [r.params for r in requests]
+        outputs = [r.output_token_ids for r in requests]
         values = torch.tensor(
             [
-                [r.params.repetition_penalty, r.params.presence_penalty, r.params.frequency_penalty]
-                for r in requests
+                [q.repetition_penalty, q.presence_penalty * bool(o), q.frequency_penalty]
+                for q, o in zip(p, outputs)
             ],
             dtype=torch.float32,
         ).to(device)
-        outputs = _padded([r.output_token_ids for r in requests], vocab_size, device)
-        prompts = _padded([r.prompt_token_ids for r in requests], vocab_size, device)
-        counts = torch.zeros(len(requests), vocab_size + 1, device=device)
-        counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=counts.dtype))
-        seen = counts > 0
-        seen.scatter_(1, prompts, True)
+        width = max(len(o) for o in outputs) or 1
+        counted = torch.tensor([[1.0] * len(o) + [0.0] * (width - len(o)) for o in outputs])
         return cls(
             values[:, :1],
             values[:, 1:2],
             values[:, 2:3],
-            counts[:, :vocab_size],
-            seen[:, :vocab_size],
+            _repeat_padded([r.token_ids for r in requests], device),
+            _repeat_padded(outputs, device),
+            counted.to(device),
         )
 
-    def apply(self, logits: Tensor) -> Tensor:
-        penalised = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
-        logits = torch.where(self.seen, penalised, logits)
-        logits = logits - self.presence * (self.output_counts > 0)
-        return logits - self.frequency * self.output_counts
+    def apply_(self, logits: Tensor) -> None:
+        seen = logits.gather(1, self.seen)
+        penalised = torch.where(seen > 0, seen / self.repetition, seen * self.repetition)
+        logits.scatter_(1, self.seen, penalised)
+        logits.scatter_(1, self.outputs, logits.gather(1, self.outputs) - self.presence)
+        logits.scatter_add_(1, self.outputs, -self.frequency * self.counted)
+
+
+def _repeat_padded(rows: list[list[int]], device: torch.device) -> Tensor:
+    """``[B, longest]`` token ids, each row padded with its first id (0 for an empty row)."""
+    width = max((len(r) for r in rows), default=0) or 1
+    return torch.tensor([r + [r[0] if r else 0] * (width - len(r)) for r in rows]).to(device)
 
 
 @dataclass
@@ -178,53 +163,27 @@ class _LogitBias:
             torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True),
         )
 
-    def apply(self, logits: Tensor) -> Tensor:
-        return logits.index_put((self.rows, self.token_ids), self.values, accumulate=True)
+    def apply_(self, logits: Tensor) -> None:
+        logits.index_put_((self.rows, self.token_ids), self.values, accumulate=True)
 
 
-@dataclass
-class _TokenBitmask:
+def token_mask(
+    requests: list[Request],
+    vocab_size: int,
+    device: torch.device,
+    started: Bitmask | None = None,
+) -> TokenMask | None:
     """The tokens each constrained row's grammar allows next, one bit per token (filled on
-    the host by ``structured.start_bitmask``); the others are set to -inf."""
-
-    rows: Tensor | None  # [R] int64; None: every row of the batch, in order
-    bits: Tensor  # [R, ceil(V / 32)] int32
-
-    @classmethod
-    def build(
-        cls,
-        requests: list[Request],
-        vocab_size: int,
-        device: torch.device,
-        started: Bitmask | None = None,
-    ) -> _TokenBitmask | None:
-        started = started or start_bitmask(requests, vocab_size, device)
-        if started is None:
-            return None
-        rows, bits = started.result()
-        index = None
-        if len(rows) < len(requests):
-            index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
-        return cls(index, bits.to(device, non_blocking=True))
-
-    def apply(self, logits: Tensor) -> Tensor:
-        # Unpacked a byte at a time (the words are little-endian: byte j of word w holds
-        # tokens 32w + 8j ..), so the [R, V] intermediate is one byte per token.
-        octets = self.bits.view(torch.uint8)
-        shifts = torch.arange(8, dtype=torch.uint8, device=logits.device)
-        allowed = ((octets[:, :, None] >> shifts) & 1).flatten(1)[:, : logits.shape[-1]]
-        if self.rows is None:
-            return logits.masked_fill(allowed == 0, float("-inf"))
-        masked = logits[self.rows].masked_fill(allowed == 0, float("-inf"))
-        return logits.index_copy(0, self.rows, masked)
-
-
-def _padded(rows: list[list[int]], pad: int, device: torch.device) -> Tensor:
-    width = max((len(r) for r in rows), default=0) or 1
-    table = torch.full((len(rows), width), pad, dtype=torch.int64)
-    for i, row in enumerate(rows):
-        table[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
-    return table.to(device)
+    the host by ``structured.start_bitmask``); None when no row is constrained."""
+    started = started or start_bitmask(requests, vocab_size, device)
+    if started is None:
+        return None
+    constrained, bits = started.result()
+    index = [-1] * len(requests)
+    for n, row in enumerate(constrained):
+        index[row] = n
+    rows = torch.tensor(index, dtype=torch.int32).to(device, non_blocking=True)
+    return TokenMask(bits.to(device, non_blocking=True), rows)
 
 
 def _banned_tokens(
@@ -261,64 +220,37 @@ def greedy(
     bitmask: Bitmask | None = None,
 ) -> SamplerOutput:
     """Each row's argmax, within its grammar's mask if it has one: the whole of sampling
-    when every row is ``Request.greedy_argmax``, without a ``SamplingBatch`` (256 rows'
-    settings take ~0.7 ms of the host's step to gather). ``bitmask`` as for
-    ``SamplingBatch.from_requests``."""
-    allowed = _TokenBitmask.build(requests, vocab_size, device, bitmask)
-    if allowed is not None:
-        logits = allowed.apply(logits)
-    return SamplerOutput(logits.argmax(dim=-1))
+    when every row is ``Request.greedy_argmax``, without a ``SamplingBatch`` (gathering
+    every row's settings costs the host a noticeable share of a wide step). ``bitmask`` as
+    for ``SamplingBatch.from_requests``."""
+    mask = token_mask(requests, vocab_size, device, bitmask)
+    if mask is None:
+        return SamplerOutput(logits.argmax(dim=-1))
+    return SamplerOutput(sample_filtered(logits, RowSettings.greedy(len(requests), device), mask))
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """Pick one token per row of ``logits [B, V]`` (float32)."""
+    """Pick one token per row of ``logits [B, V]`` (float32; changed in place unless
+    logprobs are asked for, which are those of the logits as given)."""
     raw = logits
+    if batch.changes_logits and batch.num_logprobs is not None:
+        logits = logits.clone()
     if batch.bias is not None:
-        logits = batch.bias.apply(logits)
+        batch.bias.apply_(logits)
     if batch.banned is not None:
-        logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
+        logits.index_put_(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     if batch.penalties is not None:
-        logits = batch.penalties.apply(logits)
-    if batch.allowed is not None:
-        logits = batch.allowed.apply(logits)
-    if batch.all_greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        tokens = torch.where(batch.greedy, logits.argmax(dim=-1), _sample_random(logits, batch))
+        batch.penalties.apply_(logits)
+    tokens = sample_filtered(logits, batch.rows, batch.mask)
     return _with_logprobs(raw, tokens, batch.num_logprobs)
-
-
-def _sample_random(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    temperature = torch.where(batch.greedy, 1.0, batch.temperature)
-    scaled = logits / temperature[:, None]
-    if batch.use_min_p:
-        probs = scaled.softmax(dim=-1)
-        floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-        scaled = scaled.masked_fill(probs < floor, float("-inf"))
-    if batch.use_top_k or batch.use_top_p:
-        scaled = _top_k_top_p(scaled, batch)
-    gumbel = -torch.log(-torch.log(uniform_noise(batch.seeds, batch.steps, logits.shape[-1])))
-    return (scaled + gumbel).argmax(dim=-1)
-
-
-def _top_k_top_p(scaled: Tensor, batch: SamplingBatch) -> Tensor:
-    ordered, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
-    drop = rank >= batch.top_k[:, None]
-    if batch.use_top_p:
-        probs = ordered.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
-        drop |= before >= batch.top_p[:, None]
-    drop[:, 0] = False  # always keep the most likely token
-    return scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
 
 
 def _with_logprobs(raw: Tensor, tokens: Tensor, num_logprobs: int | None) -> SamplerOutput:
     if num_logprobs is None:
         return SamplerOutput(tokens)
-    logprobs = raw.log_softmax(dim=-1)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    normaliser = raw.logsumexp(dim=-1, keepdim=True)
+    chosen = (raw.gather(1, tokens[:, None]) - normaliser)[:, 0]
     if num_logprobs == 0:
         return SamplerOutput(tokens, chosen)
-    top_logprobs, top_ids = logprobs.topk(num_logprobs, dim=-1)
-    return SamplerOutput(tokens, chosen, top_ids, top_logprobs)
+    top_values, top_ids = raw.topk(num_logprobs, dim=-1)
+    return SamplerOutput(tokens, chosen, top_ids, top_values - normaliser)
