@@ -1,5 +1,6 @@
 """The sampler alone on the GPU: one step's sampling at 256 (and 1) rows of Llama 3's
-vocabulary, per setting, against the greedy argmax and the torch reference (the CPU path, sorting for top-k).
+vocabulary, per setting, against the greedy argmax and the torch reference (the CPU path,
+which sorts for top-k).
 
     python benchmarks/bench_sampler.py [--rows 256,1] [--vocab 128256]
 
