@@ -41,7 +41,6 @@ def _rows(count: int, vocab: int, setting: tuple[float, int, float, float]) -> R
         steps=torch.zeros(count, dtype=torch.int64, device=cuda),
         use_top_k=top_k > 0,
         use_top_p=top_p < 1.0,
-        use_min_p=min_p > 0.0,
     )
 
 

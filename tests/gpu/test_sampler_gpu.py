@@ -60,7 +60,6 @@ def test_the_kernel_draws_the_reference_tokens_at_a_real_vocabulary() -> None:
         steps=torch.arange(rows, dtype=torch.int64) % 13,
         use_top_k=True,
         use_top_p=True,
-        use_min_p=True,
     )
     words = (VOCAB + 31) // 32
     bits = torch.randint(-(2**31), 2**31 - 1, (4, words), dtype=torch.int32)
@@ -71,7 +70,6 @@ def test_the_kernel_draws_the_reference_tokens_at_a_real_vocabulary() -> None:
     on_gpu = RowSettings(
         *(t.to(cuda) for t in (settings.temperature, settings.top_k, settings.top_p)),
         *(t.to(cuda) for t in (settings.min_p, settings.seeds, settings.steps)),
-        True,
         True,
         True,
     )

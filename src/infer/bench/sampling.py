@@ -20,8 +20,21 @@ class BenchSampling:
         self.params(max_tokens=1)  # a bad value raises ValueError naming its field
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> BenchSampling:
-        return cls(args.temperature, args.top_p, args.top_k, args.min_p)
+    def from_label(cls, label: str) -> BenchSampling:
+        """The inverse of ``label``: ``greedy``, or ``t0.7-p0.9-k50-minp0.05`` in any order."""
+        if label == "greedy":
+            return cls()
+        fields = {"t": "temperature", "p": "top_p", "k": "top_k", "minp": "min_p"}
+        values: dict[str, float | int] = {}
+        for part in label.split("-"):
+            key = part.rstrip("0123456789.")
+            if key not in fields or key == part:
+                raise ValueError(
+                    f"sampling: {part!r} of {label!r} is not t<T>, p<P>, k<K> or minp<P>"
+                )
+            number = part[len(key) :]
+            values[fields[key]] = int(number) if key == "k" else float(number)
+        return cls(**values)  # type: ignore[arg-type]
 
     @property
     def greedy(self) -> bool:
@@ -56,8 +69,29 @@ class BenchSampling:
 GREEDY = BenchSampling()
 
 
+def samplings_from_args(args: argparse.Namespace) -> list[BenchSampling]:
+    """``--sampling a,b`` (each run in turn by the same engine), else the single flags."""
+    single = BenchSampling(args.temperature, args.top_p, args.top_k, args.min_p)
+    if not args.sampling:
+        return [single]
+    if single != GREEDY:
+        raise ValueError("sampling: give either --sampling or --temperature/--top-p/...")
+    return [BenchSampling.from_label(label) for label in args.sampling.split(",")]
+
+
+def run_name(workload: str, sampling: BenchSampling) -> str:
+    """A result's name: the workload's, with the sampling's label unless greedy."""
+    return workload if sampling.greedy else f"{workload}-{sampling.label}"
+
+
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="default: 1 (off)")
     parser.add_argument("--top-k", type=int, default=0, help="default: 0 (off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="default: 0 (off)")
+    parser.add_argument(
+        "--sampling",
+        default=None,
+        help="several settings, each run in turn by the same engine (instead of the flags "
+        "above): labels such as greedy,t1,t0.7-p0.9,t1-k50,t1-minp0.05",
+    )

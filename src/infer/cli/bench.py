@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.bench.metrics import RunResult
-from infer.bench.sampling import BenchSampling, add_sampling_args
+from infer.bench.sampling import BenchSampling, add_sampling_args, run_name, samplings_from_args
 from infer.bench.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import EngineConfig
@@ -171,10 +172,11 @@ def run_offline(args: argparse.Namespace) -> int:
     from infer.bench.results import output_paths, timestamp
 
     config = engine_config_from_args(args)  # validates the flags before anything runs
-    names = parse_workload_names(args.workload)
+    samplings = samplings_from_args(args)
+    names = [run_name(w, s) for w in parse_workload_names(args.workload) for s in samplings]
     engines = parse_engines(args.engine)
-    if "hf" in engines and not BenchSampling.from_args(args).greedy:
-        raise ValueError("engine: the hf peer decodes greedily; drop --temperature or hf")
+    if "hf" in engines and not all(s.greedy for s in samplings):
+        raise ValueError("engine: the hf peer decodes greedily; drop the sampling or hf")
     if "vllm" in engines:
         from infer.bench.vllm_peer import check_available
 
@@ -220,11 +222,11 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
         check_fits(workload, max_seq_len)
     device = config.resolved_device
     ceilings = measure_ceilings(device) if engine == "infer" and device.type == "cuda" else None
-    sampling = BenchSampling.from_args(args)
-    run, details, close = _engine_runner(engine, config, max_seq_len, args.progress, sampling)
+    samplings = samplings_from_args(args)
+    run, details, close = _engine_runner(engine, config, max_seq_len, args.progress)
     try:
         ok = True
-        for workload, warmup in pairs:
+        for (workload, warmup), sampling in itertools.product(pairs, samplings):
             head: dict[str, Any] = {
                 "engine": engine,
                 "model": config.model,
@@ -233,7 +235,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 "sampling": sampling.as_dict(),
             }
             try:
-                summary = summarize(run(workload, warmup))
+                summary = summarize(run(workload, warmup, sampling))
             except Exception as exc:  # keep going: one failed run is itself a result
                 logger.exception("%s %s failed", engine, workload.name)
                 summary = {
@@ -256,7 +258,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 record["roofline"] = workload_roofline(
                     model_config, workload, ceilings, config.torch_dtype.itemsize
                 )
-            path = write_json(record, paths[workload.name, engine])
+            path = write_json(record, paths[run_name(workload.name, sampling), engine])
             _print_done(engine, workload.name, summary, path)
             if summary["num_failed"] == 0 and _is_headline(args, device.type):
                 ranks = (
@@ -291,8 +293,12 @@ def _record_score(prefix: str, summary: dict[str, Any]) -> None:
 
 
 def _engine_runner(
-    engine: str, config: EngineConfig, max_seq_len: int, progress: bool, sampling: BenchSampling
-) -> tuple[Callable[[Workload, Workload | None], RunResult], dict[str, Any], Callable[[], None]]:
+    engine: str, config: EngineConfig, max_seq_len: int, progress: bool
+) -> tuple[
+    Callable[[Workload, Workload | None, BenchSampling], RunResult],
+    dict[str, Any],
+    Callable[[], None],
+]:
     """``run(workload, warmup)`` for one engine (loaded once), its settings to record, and
     what stops it (infer's tensor-parallel workers, before the interpreter exits)."""
     if engine == "infer":
@@ -311,7 +317,7 @@ def _engine_runner(
             "cuda_graphs": config.cuda_graphs_enabled,
         }
         return (
-            (lambda w, warm: run_infer(llm.engine, w, warm, progress, sampling)),
+            (lambda w, warm, sampling: run_infer(llm.engine, w, warm, progress, sampling)),
             details,
             llm.engine.close,
         )
@@ -320,7 +326,11 @@ def _engine_runner(
         from infer.bench.vllm_peer import build_vllm, run_vllm
 
         llm, details = build_vllm(config, max_seq_len)
-        return (lambda w, warm: run_vllm(llm, w, warm, progress, sampling)), details, _nothing
+        return (
+            (lambda w, warm, sampling: run_vllm(llm, w, warm, progress, sampling)),
+            details,
+            _nothing,
+        )
 
     from infer.bench.hf_peer import build_hf_model, run_hf
 
@@ -332,7 +342,7 @@ def _engine_runner(
         "dtype": str(model.dtype),
         "load_format": config.load_format,
     }
-    return (lambda w, warm: run_hf(model, w, warm, progress)), details, _nothing
+    return (lambda w, warm, _sampling: run_hf(model, w, warm, progress)), details, _nothing
 
 
 def _nothing() -> None:

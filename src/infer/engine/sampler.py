@@ -67,7 +67,6 @@ class SamplingBatch:
             steps=ints[:, 2],
             use_top_k=any(k < vocab_size for k in top_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
-            use_min_p=any(p.min_p > 0.0 for p in params),
         )
         return cls(
             rows=rows,

@@ -9,6 +9,7 @@ import torch
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.protocol import CachePoolProtocol
+from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 from infer.models import DecoderModel
 
 
@@ -39,4 +40,21 @@ def warm_up_kernels(
     for batch in batches:
         input_ids, meta = build_metadata(batch, block_size, device)
         model.compute_logits(model(input_ids, meta)).argmax(-1)
+    _warm_up_sampler(model.config.vocab_size, device)
     torch.cuda.synchronize(device)
+
+
+def _warm_up_sampler(vocab_size: int, device: torch.device) -> None:
+    """The sampling kernel's variants: with and without top-p, with and without a mask."""
+    logits = torch.zeros(1, vocab_size, device=device)
+    words = (vocab_size + 31) // 32
+    every_token = torch.full((1, words), -1, dtype=torch.int32, device=device)
+    mask = TokenMask(every_token, torch.zeros(1, dtype=torch.int32, device=device))
+    ones = torch.ones(1, device=device)
+    ints = torch.zeros(1, dtype=torch.int64, device=device)
+    for top_p in (1.0, 0.9):
+        rows = RowSettings(
+            ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
+        )
+        for masked in (None, mask):
+            sample_filtered(logits, rows, masked)

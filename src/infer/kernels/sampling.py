@@ -5,7 +5,7 @@ token whatever shares its batch.
 The algorithm, shared by the torch reference here and the Triton kernel
 (``sampling_triton``), never sorts the vocabulary:
 
-1. ``z = logits / T`` over the tokens the bitmask allows (greedy rows: their argmax).
+1. ``z = logits * (1 / T)`` over the tokens the bitmask allows (greedy rows: their argmax).
 2. min-p keeps ``z >= max(z) + log(min_p)``; top-k keeps ``z >=`` the k-th largest
    remaining ``z`` (ties kept, as vLLM does). Together they leave a set ``B``.
 3. A Gumbel-max draw over ``B`` (``argmax z + g``, ``g = -log(-log(u))``) samples the
@@ -41,16 +41,15 @@ class RowSettings:
     min_p: Tensor  # float32; 0 = off
     seeds: Tensor  # int64
     steps: Tensor  # int64: which output the row samples (fresh noise for each)
-    use_top_k: bool  # whether any row limits top-k / top-p / min-p (skips their passes)
+    use_top_k: bool  # whether any row limits top-k / top-p (skips their work)
     use_top_p: bool
-    use_min_p: bool
 
     @classmethod
     def greedy(cls, batch: int, device: torch.device) -> RowSettings:
         """Settings that make every row take its argmax."""
         zeros = torch.zeros(batch, device=device)
         ints = torch.zeros(batch, dtype=torch.int64, device=device)
-        return cls(zeros, ints, zeros + 1, zeros, ints, ints, False, False, False)
+        return cls(zeros, ints, zeros + 1, zeros, ints, ints, False, False)
 
 
 @dataclass
@@ -103,7 +102,7 @@ def sample_filtered_torch(logits: Tensor, rows: RowSettings, mask: TokenMask | N
     """Reference: one token per row of ``logits [B, V]``, as the module docstring says."""
     vocab_size = logits.shape[-1]
     greedy = rows.temperature == 0
-    z = logits.float() / torch.where(greedy, 1.0, rows.temperature)[:, None]
+    z = logits.float() * torch.where(greedy, 1.0, rows.temperature).reciprocal()[:, None]
     if mask is not None:
         z = z.masked_fill(~unpack_mask(mask, vocab_size), float("-inf"))
     top = z.max(dim=-1, keepdim=True).values

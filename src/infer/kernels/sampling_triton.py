@@ -1,9 +1,11 @@
 """Triton kernel of ``sampling.sample_filtered``: one program per row makes a few passes over
-the row's logits (a max for min-p, four radix-histogram passes for top-k's threshold, one
+the row's logits (a max for min-p and top-k, a few counting passes for top-k's threshold, one
 Gumbel-max draw, one more per rejected top-p draw), so sampling reads the logits a handful of
 times and writes nothing but the row's token."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -14,7 +16,9 @@ from infer.kernels.sampling import HASH_MULTIPLIER, ROUND_STRIDE, RowSettings, T
 
 _MULTIPLIER = tl.constexpr(HASH_MULTIPLIER)
 _ROUND_STRIDE = tl.constexpr(ROUND_STRIDE)
-_MAX_BLOCK = 2048
+_MAX_BLOCK = 1024
+_PIVOTS = 8
+_STAGES = 3
 
 
 @triton.jit
@@ -32,29 +36,37 @@ def _load_scaled(
     words,
     start,
     vocab,
-    temperature,
+    inverse_t,
     BLOCK: tl.constexpr,
     HAS_MASK: tl.constexpr,
 ):
-    """A block's indices, ``logits / T`` (-inf past the vocabulary and where the mask
-    forbids) and their order keys."""
+    """A block's indices and ``logits / T``: -inf past the vocabulary and where the mask
+    forbids."""
     offs = start + tl.arange(0, BLOCK)
     inside = offs < vocab
     x = tl.load(row_ptr + offs, mask=inside, other=float("-inf")).to(tl.float32)
-    z = tl.math.div_rn(x, temperature)
+    z = x * inverse_t
     if HAS_MASK:
         # A row without a mask (-1) reads mask 0's words and ignores them.
         word = tl.load(mask_ptr + tl.maximum(mask_row, 0) * words + (offs >> 5), mask=inside)
         allowed = (mask_row < 0) | (((word >> (offs & 31)) & 1) != 0)
         z = tl.where(allowed, z, float("-inf"))
-    # uint32 keys in the order of the values (negatives: all bits but the sign flip).
-    bits = z.to(tl.int32, bitcast=True)
-    key = (bits ^ ((bits >> 31) & 0x7FFFFFFF) ^ -2147483648).to(tl.uint32, bitcast=True)
-    return offs, z, key
+    return offs, z
 
 
 @triton.jit
-def _gumbel(row_hash, offs, round_offset):
+def _ln(x, FAST: tl.constexpr):
+    """Natural log; ``FAST``: the hardware's approximate log2 (not in the interpreter)."""
+    if FAST:
+        log2 = tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+        return log2 * 0.6931471805599453
+    return tl.log(x)
+
+
+@triton.jit
+def _gumbel(row_hash, offs, round_offset, FAST_LOG: tl.constexpr):
     """The Gumbel noise of ``sampling.gumbel_noise`` for a block of vocabulary indices."""
     x = row_hash ^ offs.to(tl.uint32)
     for i in tl.static_range(2):  # mix32 twice (inlined), the round's offset between them
@@ -64,22 +76,25 @@ def _gumbel(row_hash, offs, round_offset):
         x = ((x >> 16) ^ x) * _MULTIPLIER
         x = (x >> 16) ^ x
     uniform = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return -tl.log(-tl.log(uniform))
+    return -_ln(-_ln(uniform, FAST_LOG), FAST_LOG)
 
 
+# Every pass keeps per-lane accumulators and reduces them once at its end: a reduction in
+# the loop would make each block wait on the one before. Only the mask and top-p (whose
+# weights cost an exp an element) are compile-time switches: each variant compiles once.
 @triton.jit
 def _sample_kernel(
     logits_ptr, stride, out_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, step_ptr,
     mask_ptr, mask_rows_ptr, words, vocab,
-    HAS_MASK: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
-    USE_MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_MASK: tl.constexpr, USE_TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+    PIVOTS: tl.constexpr, STAGES: tl.constexpr, FAST_LOG: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     temperature = tl.load(temperature_ptr + row)
     noisy = temperature > 0
-    temperature = tl.where(noisy, temperature, 1.0)
+    inverse_t = tl.math.div_rn(1.0, tl.where(noisy, temperature, 1.0))
     mask_row = -1
     if HAS_MASK:
         mask_row = tl.load(mask_rows_ptr + row)
@@ -89,110 +104,129 @@ def _sample_kernel(
     high = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     row_hash = _mix32(_mix32(low ^ _mix32(high)) ^ (step & 0xFFFFFFFF).to(tl.uint32))
 
-    floor = tl.full([], -float("inf"), tl.float32)  # min-p: the lowest z kept
-    if USE_MIN_P:
-        min_p = tl.load(min_p_ptr + row)
-        if noisy & (min_p > 0):
-            top = tl.full([], -float("inf"), tl.float32)
-            for start in range(0, vocab, BLOCK):
-                _, z, _ = _load_scaled(
-                    row_ptr, mask_ptr, mask_row, words, start, vocab, temperature, BLOCK, HAS_MASK
-                )
-                top = tl.maximum(top, tl.max(z, 0))
-            floor = top + tl.log(min_p)
+    # min-p and top-k need the row's largest (and smallest) z first.
+    k = tl.where(noisy, tl.load(top_k_ptr + row).to(tl.int32), vocab)
+    min_p = tl.where(noisy, tl.load(min_p_ptr + row), 0.0)
+    top = tl.full([], -float("inf"), tl.float32)
+    least = tl.full([], float("inf"), tl.float32)
+    lane_kth = tl.full([], -float("inf"), tl.float32)
+    if (min_p > 0) | (k < vocab):
+        tops = tl.full([BLOCK], -float("inf"), tl.float32)
+        leasts = tl.full([BLOCK], float("inf"), tl.float32)
+        for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+            _, z = _load_scaled(
+                row_ptr, mask_ptr, mask_row, words, start, vocab, inverse_t, BLOCK, HAS_MASK
+            )
+            tops = tl.maximum(tops, z)
+            leasts = tl.minimum(leasts, tl.where(z > -float("inf"), z, float("inf")))
+        top = tl.max(tops, 0)
+        least = tl.min(leasts, 0)
+        if (k < vocab) & (k <= BLOCK):
+            # The k-th largest lane maximum is at most the k-th largest z: a lower bound.
+            lane_kth = _at(tl.sort(tops, descending=True), k - 1)
+    threshold = tl.full([], -float("inf"), tl.float32)  # the lowest z kept
+    if min_p > 0:
+        threshold = top + tl.log(min_p)
 
-    kth_key = tl.zeros([], dtype=tl.uint32)  # top-k: the lowest key kept
-    if USE_TOP_K:
-        k = tl.load(top_k_ptr + row).to(tl.int32)
-        if noisy & (k < vocab):
-            # Radix select of the k-th largest key, 8 bits a pass: each pass histograms the
-            # next digit of the keys that share the digits chosen so far.
-            above = tl.zeros([], dtype=tl.int32)  # keys known to be larger than the prefix
-            prefix = tl.zeros([], dtype=tl.uint32)
-            bins = tl.arange(0, 256)
-            enough = tl.full([], True, tl.int1)
-            for p in tl.static_range(4):
-                shift = 24 - 8 * p
-                counts = tl.zeros([256], dtype=tl.int32)
-                for start in range(0, vocab, BLOCK):
-                    _, z, key = _load_scaled(
-                        row_ptr,
-                        mask_ptr,
-                        mask_row,
-                        words,
-                        start,
-                        vocab,
-                        temperature,
-                        BLOCK,
-                        HAS_MASK,
-                    )
-                    eligible = (z > -float("inf")) & (z >= floor)
-                    if p > 0:
-                        eligible = eligible & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-                    digit = ((key >> shift) & 0xFF).to(tl.int32)
-                    counts += tl.histogram(digit, 256, mask=eligible)
-                at_least = above + tl.cumsum(counts, 0, reverse=True)  # keys >= each digit
-                digit_k = tl.max(tl.where(at_least >= k, bins, -1), 0)
-                if p == 0:
-                    enough = digit_k >= 0  # fewer than k candidates: no cut
-                digit_k = tl.maximum(digit_k, 0)
-                above = tl.sum(tl.where(bins == digit_k, at_least - counts, 0), 0)
-                prefix = prefix | (digit_k.to(tl.uint32) << shift)
-            kth_key = tl.where(enough, prefix, kth_key)
+    if k < vocab:
+        # top-k: a threshold t with {z >= t} = {z >= the k-th largest z}. Each pass counts
+        # the z at or above PIVOTS points spread over the band [lo, hi] that holds the k-th
+        # largest, narrows the band to the two points around it, snaps it to the z inside
+        # it, and stops when exactly k are kept or one value is left in the band.
+        lo = tl.maximum(tl.maximum(least, threshold), lane_kth)
+        hi = top
+        hi_inclusive = tl.full([], True, tl.int1)
+        searching = lo < hi
+        passes = tl.zeros([], dtype=tl.int32)
+        fractions = tl.arange(0, PIVOTS).to(tl.float32) / PIVOTS
+        while searching:
+            pivots = lo + (hi - lo) * fractions
+            counts = tl.zeros([PIVOTS, BLOCK], dtype=tl.int32)
+            band_lows = tl.full([BLOCK], float("inf"), tl.float32)
+            band_highs = tl.full([BLOCK], -float("inf"), tl.float32)
+            for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+                _, z = _load_scaled(
+                    row_ptr, mask_ptr, mask_row, words, start, vocab, inverse_t, BLOCK, HAS_MASK
+                )
+                z = tl.where(z >= threshold, z, -float("inf"))
+                counts += (z[None, :] >= pivots[:, None]).to(tl.int32)
+                band = (z >= lo) & tl.where(hi_inclusive, z <= hi, z < hi)
+                band_lows = tl.minimum(band_lows, tl.where(band, z, float("inf")))
+                band_highs = tl.maximum(band_highs, tl.where(band, z, -float("inf")))
+            at_least = tl.sum(counts, 1)
+            band_low = tl.min(band_lows, 0)
+            band_high = tl.max(band_highs, 0)
+            index = tl.max(tl.where(at_least >= k, tl.arange(0, PIVOTS), -1), 0)
+            kept = tl.sum(tl.where(tl.arange(0, PIVOTS) == index, at_least, 0), 0)
+            passes += 1
+            if index < 0:  # fewer than k candidates: no cut
+                searching = False
+            elif (kept == k) | (band_low == band_high) | (passes >= 64):
+                threshold = tl.where(kept == k, _at(pivots, index), band_low)
+                searching = False
+            else:
+                lo = tl.maximum(_at(pivots, index), band_low)
+                if index < PIVOTS - 1:
+                    hi = _at(pivots, index + 1)
+                    hi_inclusive = hi > band_high
+                hi = tl.minimum(hi, band_high)
+                hi_inclusive = hi_inclusive | (hi == band_high)
 
     # Gumbel-max draws; round r > 0 redraws above the rejected z (top-p by rejection) and
     # weighs the mass above it in the same pass.
-    top_p = tl.full([], 1.0, tl.float32)
+    top_p = 1.0
     if USE_TOP_P:
         top_p = tl.where(noisy, tl.load(top_p_ptr + row), 1.0)
     pending = tl.full([], True, tl.int1)
     round_ = tl.zeros([], dtype=tl.int32)
     choice = tl.zeros([], dtype=tl.int32)
     chosen = tl.full([], -float("inf"), tl.float32)
-    total = tl.zeros([], dtype=tl.float32)
-    top = tl.full([], -float("inf"), tl.float32)
     while pending:
-        best = tl.full([], -float("inf"), tl.float32)
-        best_index = tl.zeros([], dtype=tl.int32)
-        best_z = tl.full([], -float("inf"), tl.float32)
-        mass = tl.zeros([], dtype=tl.float32)
-        reference = tl.full([], -float("inf"), tl.float32)
+        bests = tl.full([BLOCK], -float("inf"), tl.float32)
+        best_indices = tl.zeros([BLOCK], dtype=tl.int32)
+        best_zs = tl.full([BLOCK], -float("inf"), tl.float32)
+        tops = tl.full([BLOCK], -float("inf"), tl.float32)
+        totals = tl.zeros([BLOCK], dtype=tl.float32)
+        aboves = tl.zeros([BLOCK], dtype=tl.float32)
         offset = round_.to(tl.uint32) * _ROUND_STRIDE
-        for start in range(0, vocab, BLOCK):
-            offs, z, key = _load_scaled(
-                row_ptr, mask_ptr, mask_row, words, start, vocab, temperature, BLOCK, HAS_MASK
+        for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+            offs, z = _load_scaled(
+                row_ptr, mask_ptr, mask_row, words, start, vocab, inverse_t, BLOCK, HAS_MASK
             )
-            candidate = (z > chosen) & (z >= floor)
-            if USE_TOP_K:
-                candidate = candidate & (key >= kth_key)
-            noise = tl.where(noisy, _gumbel(row_hash, offs, offset), 0.0)
+            kept = (z > -float("inf")) & (z >= threshold)
+            candidate = kept & (z > chosen)
+            noise = tl.where(noisy, _gumbel(row_hash, offs, offset, FAST_LOG), 0.0)
             score = tl.where(candidate, z + noise, -float("inf"))
-            block_best = tl.max(score, 0)
-            if block_best > best:
-                best = block_best
-                best_index = start + tl.argmax(score, 0)
-                best_z = tl.max(tl.where(offs == best_index, z, -float("inf")), 0)
+            better = score > bests
+            bests = tl.where(better, score, bests)
+            best_indices = tl.where(better, offs, best_indices)
+            best_zs = tl.where(better, z, best_zs)
             if USE_TOP_P:
-                kept = tl.where(candidate, z, -float("inf"))
-                new_reference = tl.maximum(reference, tl.max(kept, 0))
-                scale = tl.where(
-                    new_reference > -float("inf"), tl.exp(reference - new_reference), 0.0
-                )
-                weights = tl.where(candidate, tl.exp(kept - new_reference), 0.0)
-                mass = mass * scale + tl.sum(weights, 0)
-                reference = new_reference
+                tops = tl.maximum(tops, tl.where(kept, z, -float("inf")))
+                weight = tl.where(kept, tl.exp(z - top), 0.0)  # top: -inf in round 0
+                totals += weight
+                aboves += tl.where(candidate, weight, 0.0)
+        best = tl.max(bests, 0)
+        best_index = tl.min(tl.where(bests == best, best_indices, vocab), 0)
+        best_z = tl.max(tl.where(best_indices == best_index, best_zs, -float("inf")), 0)
         if round_ == 0:
-            total = mass
-            top = reference
+            top = tl.max(tops, 0)
             pending = top_p < 1.0
-        else:
-            above = mass * tl.exp(reference - top)
-            pending = above >= top_p * total
-        if (round_ == 0) | pending:
             choice = best_index
             chosen = best_z
+        else:
+            pending = tl.sum(aboves, 0) >= top_p * tl.sum(totals, 0)
+            if pending:
+                choice = best_index
+                chosen = best_z
         round_ += 1
     tl.store(out_ptr + row, choice.to(tl.int64))
+
+
+@triton.jit
+def _at(values, index):
+    """``values[index]`` of a 1-D block."""
+    return tl.sum(tl.where(tl.arange(0, values.shape[0]) == index, values, 0.0), 0)
 
 
 def sample_filtered_triton(logits: Tensor, rows: RowSettings, mask: TokenMask | None) -> Tensor:
@@ -206,7 +240,8 @@ def sample_filtered_triton(logits: Tensor, rows: RowSettings, mask: TokenMask | 
         logits, logits.stride(0), out,
         rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.seeds, rows.steps,
         bits, mask_rows, bits.shape[-1] if mask is not None else 0, vocab,
-        HAS_MASK=mask is not None, USE_TOP_K=rows.use_top_k, USE_TOP_P=rows.use_top_p,
-        USE_MIN_P=rows.use_min_p, BLOCK=min(_MAX_BLOCK, triton.next_power_of_2(vocab)), num_warps=8,
+        HAS_MASK=mask is not None, USE_TOP_P=rows.use_top_p,
+        BLOCK=min(_MAX_BLOCK, triton.next_power_of_2(vocab)), PIVOTS=_PIVOTS,
+        STAGES=_STAGES, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
     )  # fmt: skip
     return out

@@ -60,7 +60,6 @@ def _settings(
         steps=torch.full((rows,), 3, dtype=torch.int64),
         use_top_k=k < VOCAB,
         use_top_p=top_p < 1.0,
-        use_min_p=min_p > 0.0,
     )
 
 
@@ -192,7 +191,6 @@ def test_the_triton_kernel_draws_the_reference_tokens() -> None:
         steps=torch.arange(count, dtype=torch.int64),
         use_top_k=True,
         use_top_p=True,
-        use_min_p=True,
     )
     bits = torch.randint(-(2**31), 2**31 - 1, (2, (vocab + 31) // 32), dtype=torch.int32)
     mask = TokenMask(bits, torch.tensor([-1] * 6 + [0, 1] * 3, dtype=torch.int32))
