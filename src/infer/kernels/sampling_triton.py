@@ -137,6 +137,8 @@ def _sample_kernel(
         hi = top
         hi_inclusive = tl.full([], True, tl.int1)
         searching = lo < hi
+        if lo >= hi:  # the band holds one value: it is the k-th largest
+            threshold = tl.maximum(threshold, lo)
         passes = tl.zeros([], dtype=tl.int32)
         fractions = tl.arange(0, PIVOTS).to(tl.float32) / PIVOTS
         while searching:

@@ -129,6 +129,9 @@ def test_top_k_keeps_every_token_tied_with_the_kth(sampler: Sampler) -> None:
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0] + [0.0] * (VOCAB - 4)]).expand(400, -1)
     tokens = sampler(logits.contiguous(), _settings(400, top_k=2), None)
     assert set(tokens.tolist()) == {0, 1, 2, 3}
+    flat = torch.randn(1, VOCAB).expand(400, -1) * 0.01
+    only = sampler(flat.contiguous(), _settings(400, top_k=1), None)
+    assert set(only.tolist()) == {int(flat[0].argmax())}
 
 
 def test_greedy_rows_take_the_argmax_within_their_mask() -> None:
@@ -183,10 +186,10 @@ def test_the_triton_kernel_draws_the_reference_tokens() -> None:
     vocab, count = 300, 12
     logits = torch.randn(count, vocab) * 2
     rows = RowSettings(
-        temperature=torch.tensor([0.0, 1.0, 0.7, 1.0, 1.3, 0.9] * 2),
-        top_k=torch.tensor([vocab, vocab, vocab, 40, vocab, 25] * 2),
+        temperature=torch.tensor([0.0, 1.0, 0.7, 1.0, 1.0, 0.9] * 2),
+        top_k=torch.tensor([vocab, vocab, vocab, 40, 1, 25] * 2),
         top_p=torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0, 0.6] * 2),
-        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.05] * 2),
+        min_p=torch.tensor([0.0, 0.2, 0.0, 0.0, 0.0, 0.05] * 2),
         seeds=torch.arange(count, dtype=torch.int64) * 977,
         steps=torch.arange(count, dtype=torch.int64),
         use_top_k=True,
