@@ -29,6 +29,12 @@ from infer.kernels.dispatch import use_triton
 MASK32 = 0xFFFFFFFF
 HASH_MULTIPLIER = 0x45D9F3B  # < 2**31, so products of 32-bit values fit in int64
 ROUND_STRIDE = 0x9E3779B9  # each rejection round offsets the hash by this (mod 2**32)
+# -log(u) is kept above this, so the Gumbel noise stays finite where an approximate log of a
+# u next to 1 comes out at or above 0.
+SMALLEST_EXPONENTIAL = 2.0**-40
+# The rounds of top-p by rejection are bounded (each accepts with probability at least
+# top_p, and the pool it draws from shrinks every round): a safety net, never reached.
+MAX_ROUNDS = 64
 
 
 @dataclass
@@ -79,11 +85,12 @@ def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int, round_: int = 0
     index = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = mix32(row_hash(seeds, steps)[:, None] ^ index[None, :])
     bits = mix32((bits + round_ * ROUND_STRIDE) & MASK32)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: never rounds to 1
 
 
 def gumbel_noise(seeds: Tensor, steps: Tensor, vocab_size: int, round_: int) -> Tensor:
-    return -torch.log(-torch.log(uniform_noise(seeds, steps, vocab_size, round_)))
+    exponential = -torch.log(uniform_noise(seeds, steps, vocab_size, round_))
+    return -torch.log(exponential.clamp(min=SMALLEST_EXPONENTIAL))
 
 
 def unpack_mask(mask: TokenMask, vocab_size: int) -> Tensor:
@@ -126,7 +133,7 @@ def sample_filtered_torch(logits: Tensor, rows: RowSettings, mask: TokenMask | N
         weight = torch.exp(z - top)  # zero outside B
         total = weight.sum(-1)
         round_ = 1
-        while pending.any():
+        while pending.any() and round_ < MAX_ROUNDS:
             above = (weight * (z > chosen[:, None])).sum(-1)
             pending &= above >= rows.top_p * total
             nxt, nxt_z = draw(round_, chosen)

@@ -12,10 +12,19 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.sampling import HASH_MULTIPLIER, ROUND_STRIDE, RowSettings, TokenMask
+from infer.kernels.sampling import (
+    HASH_MULTIPLIER,
+    MAX_ROUNDS,
+    ROUND_STRIDE,
+    SMALLEST_EXPONENTIAL,
+    RowSettings,
+    TokenMask,
+)
 
 _MULTIPLIER = tl.constexpr(HASH_MULTIPLIER)
 _ROUND_STRIDE = tl.constexpr(ROUND_STRIDE)
+_SMALLEST_EXPONENTIAL = tl.constexpr(SMALLEST_EXPONENTIAL)
+_MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
 _MAX_BLOCK = 1024
 _PIVOTS = 8
 _STAGES = 3
@@ -75,8 +84,9 @@ def _gumbel(row_hash, offs, round_offset, FAST_LOG: tl.constexpr):
         x = ((x >> 16) ^ x) * _MULTIPLIER
         x = ((x >> 16) ^ x) * _MULTIPLIER
         x = (x >> 16) ^ x
-    uniform = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return -_ln(-_ln(uniform, FAST_LOG), FAST_LOG)
+    uniform = ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    exponential = tl.maximum(-_ln(uniform, FAST_LOG), _SMALLEST_EXPONENTIAL)
+    return -_ln(exponential, FAST_LOG)
 
 
 # Every pass keeps per-lane accumulators and reduces them once at its end: a reduction in
@@ -217,8 +227,9 @@ def _sample_kernel(
             choice = best_index
             chosen = best_z
         else:
-            pending = tl.sum(aboves, 0) >= top_p * tl.sum(totals, 0)
-            if pending:
+            rejected = tl.sum(aboves, 0) >= top_p * tl.sum(totals, 0)
+            pending = rejected & (round_ + 1 < _MAX_ROUNDS)
+            if rejected:
                 choice = best_index
                 chosen = best_z
         round_ += 1
@@ -233,6 +244,9 @@ def _at(values, index):
 
 def sample_filtered_triton(logits: Tensor, rows: RowSettings, mask: TokenMask | None) -> Tensor:
     batch, vocab = logits.shape
+    settings = (rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.seeds, rows.steps)
+    if logits.stride(-1) != 1 or any(t.shape != (batch,) or t.stride(0) != 1 for t in settings):
+        raise ValueError("logits: rows of unit stride, and [B] contiguous settings, are needed")
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)
     if batch == 0:
         return out

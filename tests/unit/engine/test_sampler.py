@@ -8,6 +8,8 @@ import torch
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, sample
 from infer.engine.sampling_params import SamplingParams
+from infer.kernels.sampling import sample_filtered_torch
+from infer.kernels.sampling_triton import sample_filtered_triton
 
 VOCAB = 50
 
@@ -193,3 +195,21 @@ def test_min_tokens_cannot_exceed_max_tokens() -> None:
     with pytest.raises(ValueError, match=r"^min_tokens:"):
         SamplingParams(max_tokens=2, min_tokens=3)
     assert SamplingParams(stop="x").stop == ["x"]
+
+
+def test_the_kernel_reads_the_settings_the_batch_builds() -> None:
+    """Each setting reaches the Triton kernel as its own contiguous row (under
+    TRITON_INTERPRET on a CPU): the kernel draws the reference's tokens."""
+    torch.manual_seed(2)
+    params = [
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=3),
+        SamplingParams(temperature=1.2, min_p=0.1),
+        SamplingParams(temperature=0.9, top_p=0.5, top_k=10),
+    ]
+    requests = [_request(p, seed=11 * i) for i, p in enumerate(params)]
+    batch = SamplingBatch.from_requests(requests, VOCAB, torch.device("cpu"))
+    logits = torch.randn(len(params), VOCAB) * 2
+    expected = sample_filtered_torch(logits, batch.rows, batch.mask)
+    assert torch.equal(sample_filtered_triton(logits, batch.rows, batch.mask), expected)
