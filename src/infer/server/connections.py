@@ -86,6 +86,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.pending.remove(self)
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """The server is stopping: a pending connection has no request to finish."""
+        if self._state is _State.BUSY:
+            super().shutdown()
+        elif not self.transport.is_closing():
+            self.transport.close()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message = True

@@ -138,3 +138,14 @@ def test_a_burst_younger_than_the_grace_period_is_served_whole(serve: Serve) -> 
         time.sleep(SETTLE_S)
         for conn in burst:
             assert response(conn).startswith(b"HTTP/1.1 200")
+
+
+def test_shutting_down_closes_pending_connections_at_once(serve: Serve) -> None:
+    with serve(hello) as address:  # 30 s deadlines
+        fresh = socket.create_connection(address)
+        unfinished = socket.create_connection(address)
+        unfinished.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc")
+        time.sleep(SETTLE_S)
+        start = time.monotonic()
+    assert time.monotonic() - start < 2.0  # not the read deadline
+    assert closed_by_server(fresh, within=0.1) and closed_by_server(unfinished, within=0.1)
