@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import tempfile
 
@@ -130,4 +131,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
-    return 0
+    if server.engine_failure is not None:
+        # The server has shut down; a supervisor waits for the exit to restart it. Tearing
+        # the interpreter down (torch and all) would take about a second more.
+        logging.shutdown()
+        os._exit(server.exit_code)
+    return server.exit_code

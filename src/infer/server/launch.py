@@ -6,6 +6,11 @@ stop taking new requests (503), give in-flight ones ``shutdown_timeout`` seconds
 then abort the rest: their streams end with an error event and ``[DONE]``, non-streamed
 requests get a 503, and the engine frees their blocks before its process exits.
 
+If the engine process dies instead (a crash, the OOM killer, ``kill -9``), its pipe closes:
+in-flight requests end at once with a 503 saying the engine failed, ``/health`` answers
+503, and the server shuts down the same way and exits with status 1, for a supervisor to
+restart it. (Nothing could be served meanwhile: the engine's state went with it.)
+
 The port is bound when the server is built, before the model loads, so a busy port fails
 at once. Idle keep-alive connections live ``timeout_keep_alive`` seconds: longer than
 clients keep theirs (httpx: 5 s), so a client never reuses one the server is closing.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import re
 import resource
@@ -29,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
@@ -42,6 +49,8 @@ from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
+
+logger = logging.getLogger(__name__)
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
@@ -77,6 +86,19 @@ class Server(uvicorn.Server):
         self.listener = listener
         self.workers = workers
         self.on_started = on_started
+        self.engine_failure: str | None = None
+        engine.on_failure = self._engine_failed
+
+    @property
+    def exit_code(self) -> int:
+        """The process's exit status once ``run`` returned: 1 if the engine failed or the
+        server never started, else 0."""
+        return 1 if self.engine_failure is not None or not self.started else 0
+
+    def _engine_failed(self, message: str) -> None:
+        logger.error("the engine failed; the server stops (exit status 1)")
+        self.engine_failure = message
+        self.should_exit = True
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         _raise_open_file_limit()
@@ -238,6 +260,7 @@ def serve_api_worker(spec: WorkerSpec) -> None:
                      spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
+    sys.exit(server.exit_code)
 
 
 def _raise_open_file_limit() -> None:
@@ -304,6 +327,15 @@ class ServerProcess:
     url: str = ""
     log: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+
+    def engine_pid(self) -> int:
+        """The engine process's pid (Linux): the child running multiprocessing's spawned
+        code (the other child is its resource tracker)."""
+        pid = self.process.pid
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        raise RuntimeError("the server has no engine process")
 
     def wait(self, timeout: float) -> int:
         """The exit code, once the process has ended and all of its log has been read."""
