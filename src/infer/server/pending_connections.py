@@ -55,10 +55,7 @@ class PendingConnections(Generic[C]):
     """The pending connections of one server process, by client address."""
 
     def __init__(self, limit: int, per_client: int, grace_s: float) -> None:
-        if limit < 1:
-            raise ValueError(f"limit_pending_connections: must be >= 1, got {limit}")
-        if per_client < 1:
-            raise ValueError(f"limit_pending_per_client: must be >= 1, got {per_client}")
+        """``limit`` and ``per_client``: at least 1 (``build_server`` checks them)."""
         self.limit = limit
         self.per_client = per_client
         self.grace_s = grace_s
@@ -68,10 +65,6 @@ class PendingConnections(Generic[C]):
 
     def __len__(self) -> int:
         return len(self._all)
-
-    def from_client(self, client: str) -> int:
-        queue = self._clients.get(client)
-        return 0 if queue is None else len(queue)
 
     def add(self, conn: C, client: str, idle: bool, now: float) -> list[C]:
         """``conn`` (from address ``client``) is pending from ``now``; returns the pending
