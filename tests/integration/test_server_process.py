@@ -1,14 +1,16 @@
-"""``python -m infer.server`` as a real process: flags, API key, request timeout, and a
-graceful SIGTERM (the last test of the module: it ends the shared server)."""
+"""``python -m infer.server`` as a real process: flags, API key, request timeout, a killed
+engine, and a graceful SIGTERM (the last test of the module: it ends the shared server)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -117,6 +119,38 @@ def _stream(server: ServerProcess, body: dict[str, object], events: list[str]) -
         for line in response.iter_lines():
             if line.startswith("data: "):
                 events.append(line)
+
+
+@pytest.mark.slow
+def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1() -> None:
+    args = ["--model", "smollm2-135m", "--device", "cpu", "--num-gpu-blocks", "256",
+            "--max-seq-len", "4096", "--max-batch-size", "4"]  # fmt: skip
+    with spawn_server(args) as server, ThreadPoolExecutor(1) as pool:
+        events: list[str] = []
+        stream = threading.Thread(target=_stream, args=(server, LONG, events))
+        stream.start()
+        whole = pool.submit(httpx.post, f"{server.url}/v1/completions", json=LONG, timeout=60)
+        while len(events) < 2:  # both requests run
+            time.sleep(0.02)
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        killed = time.monotonic()
+        health = []  # what /health says once the server has logged the failure
+        with httpx.Client(timeout=1) as probe:
+            while server.process.poll() is None and time.monotonic() - killed < 30:
+                noticed = any("the engine stopped serving" in line for line in server.log)
+                with contextlib.suppress(httpx.HTTPError):  # refused once it stops listening
+                    status = probe.get(f"{server.url}/health").status_code
+                    if noticed:
+                        health.append(status)
+        assert server.wait(timeout=30) == 1
+        assert time.monotonic() - killed < 3.0
+        assert set(health) <= {503}
+        stream.join(timeout=10)
+        assert events[-1] == "data: [DONE]"
+        assert '"code":"unavailable"' in events[-2] and "the engine failed" in events[-2]
+        refused = whole.result()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
+        assert "the engine process exited (exit code -9)" in "".join(server.log)
 
 
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits(

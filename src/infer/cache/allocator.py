@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from infer.cache.stats import RateWindow
+
 
 class BlockAllocator:
     """Manages ``total_blocks`` fixed-size KV blocks with ids ``0 .. total_blocks - 1``."""
@@ -23,8 +25,9 @@ class BlockAllocator:
         self._cached: set[int] = set()  # free or used blocks registered in a prefix index
         self._on_evict = on_evict
         self.evictions = 0
-        self.total_allocations = 0  # blocks handed out, ever (rates are worked out by stats)
-        self.total_frees = 0
+        self.total_allocations = 0  # blocks handed out, ever
+        self.total_frees = 0  # blocks back in the free queue, ever (forced frees aside)
+        self.rates = RateWindow(counters=2)  # of the two totals
 
     # --- allocation -------------------------------------------------------------------
     def allocate(self, count: int, owner: int | None = None) -> list[int]:
@@ -41,6 +44,7 @@ class BlockAllocator:
             self._ref_counts[block] = 1
             self._block_owners[block] = set() if owner is None else {owner}
         self.total_allocations += count
+        self._record()
         return blocks
 
     def allocate_specific(self, block_ids: list[int], owner: int | None = None) -> None:
@@ -53,6 +57,7 @@ class BlockAllocator:
             self._ref_counts[block] = 1
             self._block_owners[block] = set() if owner is None else {owner}
         self.total_allocations += len(block_ids)
+        self._record()
 
     def share(self, block: int, owner: int | None = None) -> None:
         """Add a reference to a block (a prefix hit); a free cached block leaves the queue."""
@@ -86,7 +91,12 @@ class BlockAllocator:
             if self._ref_counts[block] == 0:
                 self._release(block)
                 released += 1
-        self.total_frees += released
+        if released:
+            self.total_frees += released
+            self._record()
+
+    def _record(self) -> None:
+        self.rates.record((self.total_allocations, self.total_frees))
 
     def _release(self, block: int) -> None:
         self._block_owners.pop(block, None)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from infer.cache.allocator import BlockAllocator
 from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
-from infer.cache.stats import CacheStats, RateWindow
+from infer.cache.stats import CacheStats
 from infer.config import ModelConfig
 
 
@@ -49,7 +49,6 @@ class PagedKVCachePool:
         self.allocator = BlockAllocator(self.num_blocks, on_evict=self._forget_block)
         self.page_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
-        self._rates = RateWindow()
         # Each sequence's block keys (its owner's list, kept across preemption) and how many
         # of its blocks are indexed.
         self._block_keys: dict[int, list[BlockKey]] = {}
@@ -198,7 +197,6 @@ class PagedKVCachePool:
         return CacheStats.measure(
             self.backend,
             self.allocator,
-            self._rates,
             self.block_size,
             sum(filled.values()),
             leaked_blocks=len(self.audit_blocks()),

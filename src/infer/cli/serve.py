@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import tempfile
 
@@ -52,15 +53,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--limit-concurrency",
         type=int,
         default=None,
-        help="most open connections; a request beyond them gets a 503 (default: "
-        "max_batch_size + max_waiting_requests + 256)",
+        help="most requests in the server at once, being served or queued (counted once "
+        "they have arrived whole; /health and /metrics aside); one beyond them gets a 503 "
+        "(default: max_batch_size + max_waiting_requests + 256)",
+    )
+    http.add_argument(
+        "--header-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a connection gets to send a request's headers, from its first byte "
+        "(or from opening, for its first request); slower ones are closed (default: 5)",
     )
     http.add_argument(
         "--request-read-timeout",
         type=float,
         default=30.0,
-        help="seconds a connection gets to send a whole request (headers and body), or "
-        "its first one after opening; slower ones are closed (default: 30)",
+        help="seconds a connection gets to send a whole request (headers and body), from "
+        "the same moment; slower ones are closed (default: 30)",
+    )
+    http.add_argument(
+        "--limit-pending-connections",
+        type=int,
+        default=1024,
+        help="most connections that have not sent a whole request (just opened, partway "
+        "through one, or idle between two); beyond them the one idle longest is closed, "
+        "else the one incomplete longest (default: 1024)",
+    )
+    http.add_argument(
+        "--limit-pending-per-client",
+        type=int,
+        default=256,
+        help="the same bound for the connections of one client address (default: 256)",
     )
     http.add_argument(
         "--api-server-count",
@@ -100,9 +123,17 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_keep_alive=args.timeout_keep_alive,
         limit_concurrency=args.limit_concurrency,
+        header_timeout=args.header_timeout,
         request_read_timeout=args.request_read_timeout,
+        limit_pending_connections=args.limit_pending_connections,
+        limit_pending_per_client=args.limit_pending_per_client,
         api_server_count=args.api_server_count,
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
-    return 0
+    if server.engine_failure is not None:
+        # The server has shut down; a supervisor waits for the exit to restart it. Tearing
+        # the interpreter down (torch and all) would take about a second more.
+        logging.shutdown()
+        os._exit(server.exit_code)
+    return server.exit_code

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infer.cache.allocator import BlockAllocator
-from infer.cache.stats import CacheStats, RateWindow
+from infer.cache.stats import CacheStats
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.pool import RefusalLog, bookkeeping_tensors
 
@@ -50,7 +50,6 @@ class WindowedPool:
         self.num_blocks = memory_bytes // self.bytes_per_block
         self.k, self.v = bookkeeping_tensors(self.num_blocks, block_size)
         self.allocator = BlockAllocator(self.num_blocks)
-        self._rates = RateWindow()
         self.refusals = RefusalLog()
         self.seq_lens: dict[int, int] = {}
         self._blocks: dict[int, list[_LogicalBlock]] = {}
@@ -153,7 +152,6 @@ class WindowedPool:
         return CacheStats.measure(
             self.backend,
             self.allocator,
-            self._rates,
             self.block_size,
             used * self.block_size - self.unused_token_slots(),
             leaked_blocks=len(self.audit_blocks()),

@@ -9,8 +9,8 @@ API workers are whole API processes (the same app, its own tokenizer thread), ea
 listening on a socket of its own bound to the server's port (``SO_REUSEPORT``); the kernel
 spreads new connections evenly over them and over the first one, the process that started
 the engine. Each worker talks to the engine over pipes of its own (``engine_pipes.py``);
-the count of unfinished sequences is shared (``in_flight.py``), so the server's capacity
-stays one bound.
+the counts of unfinished sequences and of requests are shared (``in_flight.py``), so the
+server's capacity and ``--limit-concurrency`` stay one bound each.
 
 The first process starts the workers before the model loads (they start up meanwhile),
 announces the server only once every worker serves, and on shutdown stops them (each
@@ -29,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.server.connections import ConnectionLimits
 from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import EngineFactory
 from infer.server.in_flight import InFlight
@@ -52,8 +53,8 @@ class HttpSettings:
     shutdown_timeout: float
     log_level: str
     timeout_keep_alive: int
-    connection_limit: int  # per API process
-    request_read_timeout: float
+    limit_concurrency: int  # requests, every API process's together
+    connections: ConnectionLimits  # pending ones: each API process's share
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class WorkerSpec:
     engine_config: EngineConfig
     http: HttpSettings
     pipes: PipeEnds
-    in_flight: InFlight
+    in_flight: InFlight  # sequences
+    requests: InFlight  # requests in the server (``concurrency.py``)
     ready: Any  # a shared ``RawValue`` flag, set to 1 once the worker serves
     engine_factory: EngineFactory
 
@@ -121,6 +123,7 @@ class ApiWorkers:
                     logger.error("API worker %d ended (exit code %s); the others go on",
                                  spec.index, self._processes[i].exitcode)  # fmt: skip
                     spec.in_flight.forget(spec.index)
+                    spec.requests.forget(spec.index)
 
     def terminate(self) -> None:
         """SIGTERM every worker: each stops taking requests and drains its own, as a server

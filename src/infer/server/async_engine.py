@@ -227,6 +227,8 @@ class AsyncEngine:
         self.capacity = config.max_batch_size + config.max_waiting_requests
         self.snapshot = EngineSnapshot()
         self.error: str | None = None  # why the engine stopped serving, if it failed
+        # Told why, once, if the engine fails while serving (the launcher exits then).
+        self.on_failure: Callable[[str], None] | None = None
         self.accepting = False
         self._info: EngineInfo | None = None
         self._prompts: PromptEncoder | None = None
@@ -517,6 +519,8 @@ class AsyncEngine:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"the engine could not start: {message}"))
         self._fail_all(error)
+        if self.on_failure is not None:
+            self.on_failure(message)
 
     def _fail_all(self, exc: BaseException) -> None:
         for job in {job for job, _ in self._jobs.values()}:
@@ -554,6 +558,8 @@ class AsyncEngine:
                             self._post(self._engine_failed, message)
                             return
             except (EOFError, OSError):
+                if self._stopping:  # told to stop: ``stop`` waits for the process (two
+                    return  # threads waiting for it race, and one may find it "alive")
                 if self._process is None:  # an API worker: the engine is not our child
                     self._post(self._engine_failed, "the engine process went away")
                     return

@@ -1,54 +1,60 @@
 """Bounds on HTTP connections, so idle, slow or surplus clients cannot pile up.
 
-uvicorn's protocol with two additions:
+uvicorn's protocol with these additions, none of which touches the capacity (requests, see
+``concurrency.py``):
 
-- a read deadline: a connection must deliver each request (headers and body) within
-  ``request_read_timeout`` seconds of its first byte, or of opening when it sends nothing,
-  else it is closed. Idle time *between* requests is uvicorn's ``timeout_keep_alive``.
-- a connection limit: a request that arrives while more than ``limit_concurrency``
-  connections are open (or as many requests run) gets the server's JSON 503 with
-  ``Retry-After`` and ``Connection: close``, instead of uvicorn's plain-text one.
+- a header deadline: a request's headers must arrive within ``header_timeout`` seconds of
+  its first byte, or of the connection's opening for its first request (so a connection
+  that sends nothing lives that long);
+- a read deadline: the whole request (body included) within ``request_read_timeout``
+  seconds of the same moment. Idle time *between* requests is uvicorn's
+  ``timeout_keep_alive``;
+- bounds on pending connections, those that have not sent a whole request: so many in all
+  and from one client address (``pending_connections.py``), the longest idle closed first.
+
+Each closes the connection without an answer. (Logged at debug level: a client that opens
+thousands would otherwise flood the log.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from infer.server.errors import APIError
+from infer.server.pending_connections import PendingConnections
 
-TOO_MANY_CONNECTIONS = APIError(
-    503,
-    "The server has too many open connections; retry later",
-    "server_error",
-    code="too_many_connections",
-    headers={"Retry-After": "1", "Connection": "close"},
-)
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float
+    request_read_timeout: float
+    pending: int  # pending connections in all
+    pending_per_client: int
+    grace_s: float = 1.0  # see ``pending_connections.py``
 
 
 class ServerConfig(uvicorn.Config):
-    """uvicorn's settings plus the read deadline and our own connection limit (uvicorn's
-    ``limit_concurrency`` stays unset so that its plain-text 503 never fires)."""
+    """uvicorn's settings plus our connection bounds (uvicorn's ``limit_concurrency``
+    stays unset: it counts open connections, and answers a plain-text 503)."""
 
-    def __init__(
-        self,
-        app: Any,
-        request_read_timeout: float,
-        connection_limit: int | None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, app: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(app, http=BoundedHttpProtocol, **kwargs)
-        self.request_read_timeout = request_read_timeout
-        self.connection_limit = connection_limit
+        self.limits = limits
+        self.pending: PendingConnections[BoundedHttpProtocol] = PendingConnections(
+            limits.pending, limits.pending_per_client, limits.grace_s
+        )
 
 
-async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
-    await TOO_MANY_CONNECTIONS.response()(scope, receive, send)
+class _State(enum.Enum):
+    INCOMPLETE = "incomplete"  # opened, or partway through a request: pending
+    IDLE = "idle"  # between requests (keep-alive): pending
+    BUSY = "busy"  # a whole request is being answered
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
@@ -61,53 +67,96 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         assert isinstance(config, ServerConfig)
-        self.read_timeout = config.request_read_timeout
-        self.connection_limit = config.connection_limit
-        self._read_deadline: asyncio.TimerHandle | None = None
+        self.limits = config.limits
+        self.pending = config.pending
+        self._state = _State.BUSY  # not pending until the connection is made
+        self._in_message = False  # a request has begun and not ended
+        self._unanswered = 0  # whole requests without a whole response (pipelining: >1)
+        self._request_started = 0.0  # event-loop time
+        self._deadline: asyncio.TimerHandle | None = None
 
+    # --- uvicorn's callbacks ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_read_deadline()
+        self._start_request()
+        self._become(_State.INCOMPLETE)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_read_deadline()
+        self._cancel_deadline()
+        self.pending.remove(self)
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        # The first bytes of a request start its deadline; its last bytes stop it.
-        if self._read_deadline is None and (self.cycle is None or self.cycle.response_complete):
-            self._start_read_deadline()
-        super().data_received(data)
+    def shutdown(self) -> None:
+        """The server is stopping: a pending connection has no request to finish."""
+        if self._state is _State.BUSY:
+            super().shutdown()
+        elif not self.transport.is_closing():
+            self.transport.close()
 
-    def on_message_complete(self) -> None:
-        self._stop_read_deadline()
-        super().on_message_complete()
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_message = True
+        if self._state is _State.IDLE:
+            self._start_request()
+            self._become(_State.INCOMPLETE)
 
     def on_headers_complete(self) -> None:
-        if not self._over_limit():
-            super().on_headers_complete()
+        if self._state is _State.INCOMPLETE:  # in time: the read deadline follows
+            self._set_deadline(
+                self._request_started + self.limits.request_read_timeout, "a whole request"
+            )
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_message = False
+        self._cancel_deadline()
+        if not self.cycle.response_complete:
+            self._unanswered += 1
+            self._become(_State.BUSY)
+        elif self._state is _State.INCOMPLETE:  # answered before its body ended
+            self._become(_State.IDLE)
+
+    def on_response_complete(self) -> None:
+        self._unanswered = max(0, self._unanswered - 1)
+        super().on_response_complete()
+        if self._unanswered or self.transport.is_closing():
             return
-        app, self.app = self.app, _too_many_connections
-        try:
-            super().on_headers_complete()
-        finally:
-            self.app = app
+        if not self._in_message:
+            self._become(_State.IDLE)
+        elif self._state is _State.BUSY:  # the next request began while this one ran
+            self._start_request()
+            self._become(_State.INCOMPLETE)
 
-    def _over_limit(self) -> bool:
-        limit = self.connection_limit
-        return limit is not None and (len(self.connections) > limit or len(self.tasks) >= limit)
+    # --- pending connections -----------------------------------------------------------------
+    def _become(self, state: _State) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        if state is _State.BUSY:
+            self.pending.remove(self)
+            return
+        client = self.client[0] if self.client else ""
+        for victim in self.pending.add(self, client, state is _State.IDLE, self.loop.time()):
+            self.logger.debug("closing a pending connection for room (%s)", victim._state.value)
+            victim.transport.close()
 
-    def _start_read_deadline(self) -> None:
-        self._stop_read_deadline()
-        self._read_deadline = self.loop.call_later(self.read_timeout, self._read_timed_out)
+    # --- deadlines -----------------------------------------------------------------------------
+    def _start_request(self) -> None:
+        self._request_started = self.loop.time()
+        self._set_deadline(self._request_started + self.limits.header_timeout, "its headers")
 
-    def _stop_read_deadline(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
+    def _set_deadline(self, when: float, what: str) -> None:
+        self._cancel_deadline()
+        self._deadline = self.loop.call_at(when, self._timed_out, what)
 
-    def _read_timed_out(self) -> None:
-        self._read_deadline = None
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self, what: str) -> None:
+        self._deadline = None
         if not self.transport.is_closing():
-            self.logger.info("closing a connection that did not send a request in time")
+            self.logger.debug("closing a connection that did not send %s in time", what)
             self.transport.close()

@@ -6,17 +6,27 @@ stop taking new requests (503), give in-flight ones ``shutdown_timeout`` seconds
 then abort the rest: their streams end with an error event and ``[DONE]``, non-streamed
 requests get a 503, and the engine frees their blocks before its process exits.
 
+If the engine process dies instead (a crash, the OOM killer, ``kill -9``), its pipe closes:
+in-flight requests end at once with a 503 saying the engine failed, ``/health`` answers
+503, and the server shuts down the same way and exits with status 1, for a supervisor to
+restart it. (Nothing could be served meanwhile: the engine's state went with it.)
+
 The port is bound when the server is built, before the model loads, so a busy port fails
 at once. Idle keep-alive connections live ``timeout_keep_alive`` seconds: longer than
 clients keep theirs (httpx: 5 s), so a client never reuses one the server is closing.
+Requests in the server are bounded by ``limit_concurrency`` (``concurrency.py``);
+connections that have not sent a whole request, by deadlines and counts of their own
+(``connections.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -25,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
@@ -32,18 +43,27 @@ from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
-from infer.server.connections import ServerConfig
+from infer.server.concurrency import ConcurrencyLimit
+from infer.server.connections import ConnectionLimits, ServerConfig
 from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
 
+logger = logging.getLogger(__name__)
+
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
 DEFAULT_KEEP_ALIVE_S = 30
+DEFAULT_HEADER_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_READ_TIMEOUT_S = 30.0
-# Connections beyond the engine's capacity: health checks, metrics, idle keep-alive ones.
-_SPARE_CONNECTIONS = 256
+DEFAULT_PENDING_CONNECTIONS = 1024
+DEFAULT_PENDING_PER_CLIENT = 256
+# Requests beyond the engine's capacity: those that never reach it (models, cache stats)
+# or are refused by it (a full queue: its own 503).
+_SPARE_REQUESTS = 256
+# Never refused for capacity (``concurrency.py``).
+_PROBES = frozenset({"/health", "/metrics"})
 _STARTED = re.compile(r"Uvicorn running on (http://\S+:\d+)")
 
 
@@ -66,8 +86,22 @@ class Server(uvicorn.Server):
         self.listener = listener
         self.workers = workers
         self.on_started = on_started
+        self.engine_failure: str | None = None
+        engine.on_failure = self._engine_failed
+
+    @property
+    def exit_code(self) -> int:
+        """The process's exit status once ``run`` returned: 1 if the engine failed or the
+        server never started, else 0."""
+        return 1 if self.engine_failure is not None or not self.started else 0
+
+    def _engine_failed(self, message: str) -> None:
+        logger.error("the engine failed; the server stops (exit status 1)")
+        self.engine_failure = message
+        self.should_exit = True
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
+        _raise_open_file_limit()
         super().run(sockets or [self.listener])
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -97,7 +131,10 @@ def build_server(
     log_level: str = "info",
     timeout_keep_alive: int = DEFAULT_KEEP_ALIVE_S,
     limit_concurrency: int | None = None,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
+    limit_pending_connections: int = DEFAULT_PENDING_CONNECTIONS,
+    limit_pending_per_client: int = DEFAULT_PENDING_PER_CLIENT,
     api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
 ) -> Server:
@@ -105,13 +142,15 @@ def build_server(
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
     graceful shutdown.
 
-    ``limit_concurrency`` bounds open connections (beyond it, 503); None: the engine's
-    capacity (``max_batch_size + max_waiting_requests``) plus ``_SPARE_CONNECTIONS``.
-    ``request_read_timeout`` bounds how long a connection may take to send a request.
-    ``api_server_count`` API processes share the HTTP work (``api_workers.py``); with more
-    than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a directory before prometheus_client is
-    imported (``infer serve`` sees to it), and each process bounds its share of
-    ``limit_concurrency``."""
+    ``limit_concurrency`` bounds the requests in the server, being served or queued (beyond
+    it, 503); None: the engine's capacity (``max_batch_size + max_waiting_requests``) plus
+    ``_SPARE_REQUESTS``. A request's headers must arrive within ``header_timeout`` seconds,
+    all of it within ``request_read_timeout``; ``limit_pending_connections`` and
+    ``limit_pending_per_client`` (one client address) bound the connections that have not
+    sent a whole request. ``api_server_count`` API processes share the HTTP work
+    (``api_workers.py``); with more than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a
+    directory before prometheus_client is imported (``infer serve`` sees to it); they count
+    their requests together, and each bounds its share of the pending connections."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -120,8 +159,19 @@ def build_server(
         raise ValueError(f"timeout_keep_alive: must be >= 1 second, got {timeout_keep_alive}")
     if limit_concurrency is not None and limit_concurrency < 1:
         raise ValueError(f"limit_concurrency: must be >= 1, got {limit_concurrency}")
-    if request_read_timeout <= 0:
-        raise ValueError(f"request_read_timeout: must be > 0 seconds, got {request_read_timeout}")
+    if header_timeout <= 0:
+        raise ValueError(f"header_timeout: must be > 0 seconds, got {header_timeout}")
+    if request_read_timeout < header_timeout:
+        raise ValueError(
+            f"request_read_timeout: must be >= header_timeout ({header_timeout} s), "
+            f"got {request_read_timeout}"
+        )
+    if limit_pending_connections < 1:
+        raise ValueError(
+            f"limit_pending_connections: must be >= 1, got {limit_pending_connections}"
+        )
+    if limit_pending_per_client < 1:
+        raise ValueError(f"limit_pending_per_client: must be >= 1, got {limit_pending_per_client}")
     if api_server_count < 1:
         raise ValueError(f"api_server_count: must be >= 1, got {api_server_count}")
     if api_server_count > 1 and not shared_between_processes():
@@ -131,7 +181,7 @@ def build_server(
         )
     if limit_concurrency is None:
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
-        limit_concurrency = capacity + _SPARE_CONNECTIONS
+        limit_concurrency = capacity + _SPARE_REQUESTS
     listener = _bind(host, port, reuse_port=api_server_count > 1)
     http = HttpSettings(
         host=host,
@@ -142,11 +192,17 @@ def build_server(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         timeout_keep_alive=timeout_keep_alive,
-        connection_limit=-(-limit_concurrency // api_server_count),
-        request_read_timeout=request_read_timeout,
+        limit_concurrency=limit_concurrency,
+        connections=ConnectionLimits(
+            header_timeout=header_timeout,
+            request_read_timeout=request_read_timeout,
+            pending=-(-limit_pending_connections // api_server_count),
+            pending_per_client=-(-limit_pending_per_client // api_server_count),
+        ),
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
+    requests = InFlight(api_server_count)
     workers = None
     if api_server_count > 1:
         context = multiprocessing.get_context("spawn")
@@ -157,6 +213,7 @@ def build_server(
                 http=http,
                 pipes=api_ends[i],
                 in_flight=in_flight.of_process(i),
+                requests=requests.of_process(i),
                 ready=context.RawValue("b", 0),
                 engine_factory=engine_factory,
             )
@@ -164,7 +221,8 @@ def build_server(
         ]
         workers = ApiWorkers(serve_api_worker, specs, shutdown_timeout + 2 * _UVICORN_GRACE_S)
     link = EngineLink(api_ends[0], engine_ends)
-    return _server(engine_config, http, listener, link, in_flight, engine_factory, workers)
+    return _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
+                   workers)  # fmt: skip
 
 
 def _server(
@@ -173,6 +231,7 @@ def _server(
     listener: socket.socket,
     link: EngineLink,
     in_flight: InFlight,
+    requests: InFlight,
     engine_factory: EngineFactory,
     workers: ApiWorkers | None = None,
     on_started: Callable[[], None] | None = None,
@@ -181,9 +240,8 @@ def _server(
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
                      engine_factory, link, in_flight, workers)  # fmt: skip
     config = ServerConfig(
-        app,
-        request_read_timeout=http.request_read_timeout,
-        connection_limit=http.connection_limit,
+        ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
+        http.connections,
         host=http.host,
         port=http.port,
         log_level=http.log_level,
@@ -199,9 +257,20 @@ def serve_api_worker(spec: WorkerSpec) -> None:
     listener = _bind(spec.http.host, spec.http.port, reuse_port=True)
     link = EngineLink(spec.pipes, None)
     server = _server(spec.engine_config, spec.http, listener, link, spec.in_flight,
-                     spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
+                     spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
+    sys.exit(server.exit_code)
+
+
+def _raise_open_file_limit() -> None:
+    """Let this process open as many files as its hard limit allows: the usual soft limit
+    (1,024) is below the connections the default bounds admit, and a server out of file
+    descriptors stops accepting connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and hard != resource.RLIM_INFINITY:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -258,6 +327,15 @@ class ServerProcess:
     url: str = ""
     log: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+
+    def engine_pid(self) -> int:
+        """The engine process's pid (Linux): the child running multiprocessing's spawned
+        code (the other child is its resource tracker)."""
+        pid = self.process.pid
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        raise RuntimeError("the server has no engine process")
 
     def wait(self, timeout: float) -> int:
         """The exit code, once the process has ended and all of its log has been read."""

@@ -178,6 +178,8 @@ def test_a_dead_engine_process_fails_everything_and_reports_it(
 ) -> None:
     async def body() -> None:
         engine = AsyncEngine(tiny_config(tiny_checkpoint("llama")))
+        failures: list[str] = []
+        engine.on_failure = failures.append  # the launcher stops the server
         await engine.start()
         job = engine.submit("a", [([1, 2, 3], LONG)])
         assert engine._process is not None
@@ -185,6 +187,7 @@ def test_a_dead_engine_process_fails_everything_and_reports_it(
         with pytest.raises(EngineStoppedError, match="exited"):
             await collect(job)
         assert not engine.is_healthy and engine.error
+        assert failures == ["the engine process exited (exit code -9)"]
         with pytest.raises(EngineStoppedError):
             engine.submit("b", [([1, 2, 3], PARAMS)])
         with pytest.raises(EngineStoppedError):

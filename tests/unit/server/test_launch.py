@@ -12,6 +12,8 @@ import pytest
 
 from infer import EngineConfig
 from infer.server import build_server
+from infer.server.concurrency import ConcurrencyLimit
+from infer.server.connections import ConnectionLimits
 
 
 @pytest.fixture
@@ -43,12 +45,22 @@ def test_connection_defaults() -> None:
     server = build_server(config, port=0)
     server.listener.close()
     assert server.config.timeout_keep_alive >= 30  # beyond clients' own expiry (httpx: 5 s)
-    assert server.config.connection_limit == 8 + 24 + 256
-    assert server.config.limit_concurrency is None  # uvicorn's plain-text 503 never fires
-    with pytest.raises(ValueError, match=r"^limit_concurrency:"):
-        build_server(config, port=0, limit_concurrency=0)
-    with pytest.raises(ValueError, match=r"^request_read_timeout:"):
-        build_server(config, port=0, request_read_timeout=0)
+    assert server.config.limits == ConnectionLimits(
+        header_timeout=5.0, request_read_timeout=30.0, pending=1024, pending_per_client=256
+    )
+    assert isinstance(server.config.app, ConcurrencyLimit)
+    assert server.config.app.limit == 8 + 24 + 256  # requests
+    assert server.config.app.exempt == {"/health", "/metrics"}
+    assert server.config.limit_concurrency is None  # uvicorn's count of connections: unused
+    for bad, message in (
+        (dict(limit_concurrency=0), r"^limit_concurrency: must be >= 1"),
+        (dict(header_timeout=0), r"^header_timeout: must be > 0"),
+        (dict(header_timeout=10, request_read_timeout=5), r"^request_read_timeout: must be >="),
+        (dict(limit_pending_connections=0), r"^limit_pending_connections: must be >= 1"),
+        (dict(limit_pending_per_client=0), r"^limit_pending_per_client: must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            build_server(config, port=0, **bad)  # type: ignore[arg-type]
 
 
 def test_api_server_count_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +72,7 @@ def test_api_server_count_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         build_server(config, port=0, api_server_count=2)
 
 
-def test_several_api_processes_share_the_port_and_the_connection_limit(
+def test_several_api_processes_share_the_port_and_the_bounds(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
@@ -70,7 +82,10 @@ def test_several_api_processes_share_the_port_and_the_connection_limit(
     server = build_server(config, port=0, api_server_count=3)
     try:
         assert server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
-        assert server.config.connection_limit == -(-(8 + 24 + 256) // 3)
+        assert isinstance(server.config.app, ConcurrencyLimit)
+        assert server.config.app.limit == 8 + 24 + 256  # counted by all three together
+        assert server.config.limits.pending == -(-1024 // 3)  # each process's share
+        assert server.config.limits.pending_per_client == -(-256 // 3)
         assert server.workers is not None
     finally:
         server.listener.close()

@@ -1,0 +1,187 @@
+"""Three reliability checks of ``infer serve`` (issue 42), each against a server it starts:
+
+    python benchmarks/reliability_probe.py lockout --idle 500 --slow 50 -- \\
+        --max-batch-size 4 --max-waiting-requests 8
+    python benchmarks/reliability_probe.py cache-stats
+    python benchmarks/reliability_probe.py kill-engine
+
+- ``lockout``: requests, one a second, on fresh connections, first on an unloaded server, then
+  while ``--idle`` silent and ``--slow`` header-trickling connections are held open (those
+  the server closes are opened again each second): their statuses and latencies.
+- ``cache-stats``: ``/v1/cache/stats`` rates after a burst of traffic on a fresh server,
+  then after another one a quiet window later, each read twice in a row, against the
+  allocations counted over the stated window (``rate_window_s``, 10 s where the server
+  states none; the burst must be shorter than that).
+- ``kill-engine``: ``kill -9`` of the engine process while a stream runs: how the stream
+  ends, what ``/health`` says meanwhile, and whether (and when) the server exits.
+
+Arguments after ``--`` go to ``infer serve`` (``--model smollm2-135m --device cpu`` are
+given). ``--src DIR`` serves another checkout's ``src`` (e.g. an export of an older commit),
+the probe itself running from this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from infer.bench.idle_connections import IdleConnections
+from infer.server.launch import ServerProcess, spawn_server
+
+BASE_ARGS = ["--model", "smollm2-135m", "--device", "cpu"]
+# One token: a single engine step, so the CPU's noise weighs less on the latency.
+REQUEST = {"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}
+LONG = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+DEFAULT_WINDOW_S = 10.0
+
+
+def timed_request(url: str) -> tuple[str, float]:
+    """The status (or the error's name) and seconds of one completion on a new connection."""
+    start = time.perf_counter()
+    try:
+        response = httpx.post(f"{url}/v1/completions", json=REQUEST, timeout=60)
+        outcome = str(response.status_code)
+        if response.status_code != 200:
+            outcome += f" {response.json().get('error', {}).get('code')}"
+    except httpx.HTTPError as exc:
+        outcome = type(exc).__name__
+    return outcome, time.perf_counter() - start
+
+
+def one_a_second(url: str, count: int) -> list[tuple[str, float]]:
+    results = []
+    for _ in range(count):
+        tick = time.monotonic() + 1.0
+        results.append(timed_request(url))
+        time.sleep(max(0.0, tick - time.monotonic()))
+    return results
+
+
+def summary(results: list[tuple[str, float]]) -> str:
+    outcomes: dict[str, int] = {}
+    for outcome, _ in results:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    latencies = [seconds * 1000 for outcome, seconds in results if outcome == "200"]
+    timing = (
+        f"p50 {statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms"
+        if latencies
+        else "no 200"
+    )
+    codes = ", ".join(f"{n} x {outcome}" for outcome, n in sorted(outcomes.items()))
+    return f"{codes}; {timing}"
+
+
+def lockout(server: ServerProcess, args: argparse.Namespace) -> None:
+    print(f"unloaded:       {summary(one_a_second(server.url, args.requests))}")
+    host, port = httpx.URL(server.url).host, httpx.URL(server.url).port
+    assert port is not None
+    with IdleConnections((host, port), args.idle, args.slow) as held:
+        print(f"holding {held.open} connections ({args.idle} idle, {args.slow} slow)")
+        loaded = one_a_second(server.url, args.requests)
+        counts = held.counts
+    print(f"beside them:    {summary(loaded)}")
+    print(f"attacker: {counts.opened} opened, {counts.closed_by_server} closed by the "
+          f"server, {counts.failed_to_connect} failed to connect")  # fmt: skip
+
+
+def cache_stats(server: ServerProcess, args: argparse.Namespace) -> None:
+    def read() -> dict[str, Any]:
+        return dict(httpx.get(f"{server.url}/v1/cache/stats", timeout=30).json())
+
+    def burst() -> float:
+        start = time.monotonic()
+        for _ in range(args.requests):
+            timed_request(server.url)
+        return time.monotonic() - start
+
+    before = 0  # a fresh server has allocated nothing
+    for label in ("fresh server", "after a quiet window"):
+        seconds = burst()
+        reads = [read(), read()]  # the first report ever, on a fresh server
+        window = float(reads[0].get("rate_window_s", DEFAULT_WINDOW_S))
+        counted = int(reads[-1]["total_allocations"]) - before
+        print(f"{label}: {args.requests} requests in {seconds:.1f} s allocated {counted} "
+              f"blocks: {counted / window:.1f}/s over the last {window:.0f} s")  # fmt: skip
+        for i, stats in enumerate(reads, 1):
+            print(f"  read {i}: allocs_per_s {stats['allocs_per_s']:.6g}, "
+                  f"frees_per_s {stats['frees_per_s']:.6g}")  # fmt: skip
+        time.sleep(window + 0.5)
+        quiet = read()
+        print(f"  {window:.0f} s later: allocs_per_s {quiet['allocs_per_s']:.6g}")
+        before = int(quiet["total_allocations"])
+
+
+def kill_engine(server: ServerProcess, args: argparse.Namespace) -> None:
+    events: list[str] = []
+    streaming = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=LONG, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    streaming.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    streaming.wait(60)
+    os.kill(server.engine_pid(), signal.SIGKILL)
+    killed = time.monotonic()
+    health: dict[str, int] = {}
+    exit_code = None
+    while time.monotonic() - killed < args.wait:
+        try:
+            status = str(httpx.get(f"{server.url}/health", timeout=1).status_code)
+        except httpx.HTTPError as exc:
+            status = type(exc).__name__
+        health[status] = health.get(status, 0) + 1
+        if (exit_code := server.process.poll()) is not None:
+            break
+        time.sleep(0.05)
+    exited = time.monotonic() - killed
+    reader.join(5)
+    print(f"stream: {len(events)} events; it ended with {events[-2:]}")
+    print(f"/health after the kill: {health}")
+    if exit_code is None:
+        print(f"the server still runs {args.wait:.0f} s after the kill")
+    else:
+        print(f"the server exited {exited:.2f} s after the kill, exit code {exit_code}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", choices=["lockout", "cache-stats", "kill-engine"])
+    parser.add_argument("--idle", type=int, default=1000, help="silent connections (lockout)")
+    parser.add_argument("--slow", type=int, default=100, help="trickling connections (lockout)")
+    parser.add_argument("--requests", type=int, default=20, help="requests per phase")
+    parser.add_argument("--wait", type=float, default=30.0, help="seconds watched after kill")
+    parser.add_argument("--src", type=Path, help="serve this src directory instead")
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    serve_args = argv[split + 1 :]
+    if args.src is not None:
+        os.environ["PYTHONPATH"] = str(args.src.resolve())
+        print(f"# serving {args.src}")
+    else:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+        print(f"# this checkout: {commit}")
+    print(f"# {args.check}: infer serve {' '.join(BASE_ARGS + serve_args)}")
+    check = {"lockout": lockout, "cache-stats": cache_stats, "kill-engine": kill_engine}
+    with spawn_server([*BASE_ARGS, *serve_args]) as server:
+        check[args.check](server, args)
+
+
+if __name__ == "__main__":
+    main()
