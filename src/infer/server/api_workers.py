@@ -29,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.server.chat import ChatOptions
 from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import EngineFactory
 from infer.server.in_flight import InFlight
@@ -54,6 +55,7 @@ class HttpSettings:
     timeout_keep_alive: int
     connection_limit: int  # per API process
     request_read_timeout: float
+    chat: ChatOptions
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
+from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
 from infer.server.connections import ServerConfig
 from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
@@ -100,6 +101,7 @@ def build_server(
     request_read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT_S,
     api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
+    chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -144,6 +146,7 @@ def build_server(
         timeout_keep_alive=timeout_keep_alive,
         connection_limit=-(-limit_concurrency // api_server_count),
         request_read_timeout=request_read_timeout,
+        chat=chat,
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -179,7 +182,7 @@ def _server(
 ) -> Server:
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
-                     engine_factory, link, in_flight, workers)  # fmt: skip
+                     engine_factory, link, in_flight, workers, http.chat)  # fmt: skip
     config = ServerConfig(
         app,
         request_read_timeout=http.request_read_timeout,
