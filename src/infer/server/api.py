@@ -46,6 +46,7 @@ from infer.server.protocol import (
     ModelList,
     TokenizeResponse,
 )
+from infer.server.responses import ResponseObject, ResponsesRequest, ResponsesServing
 from infer.server.retry_after import RetryAfterEstimator
 from infer.server.serving import check_model, unavailable
 from infer.server.tokenize import TokenizeServing
@@ -94,6 +95,9 @@ def create_app(
         )
         app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after, chat)
         app.state.tokenize = TokenizeServing(app.state.chat)
+        app.state.responses = ResponsesServing(
+            engine, model_name, metrics, logprobs, retry_after, chat
+        )
         # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
         # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine);
         # with it frozen, those that remain wait for a moment without requests.
@@ -133,6 +137,16 @@ def create_app(
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         serving: ChatServing = raw.app.state.chat
         return await serving.create(body, raw)
+
+    @app.post(
+        "/v1/responses",
+        response_model=None,
+        responses=generation_responses(ResponseObject, ResponseObject),
+    )
+    async def create_response(body: ResponsesRequest, raw: Request) -> Response:
+        """OpenAI's Responses API, for text (stateless: ``store`` false)."""
+        serving: ResponsesServing = raw.app.state.responses
+        return await serving.create_response(body, raw)
 
     @app.get("/v1/models", responses=AUTHENTICATED)
     async def list_models() -> ModelList:

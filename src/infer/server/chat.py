@@ -22,6 +22,7 @@ from infer.server.protocol import (
     ChatLogprobs,
     ChatResponseMessage,
     Conversation,
+    DeltaToolCall,
     SamplingRequest,
 )
 from infer.server.reasoning import THINK_END, Reasoning, ReasoningParser
@@ -29,6 +30,16 @@ from infer.server.retry_after import RetryAfterEstimator
 from infer.server.serving import Context, OpenAIServing
 from infer.server.sse import ROLE_DELTA, chat_chunk_choice, content_delta
 from infer.server.tool_calls import ToolCalls, render
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A streamed choice's new text, split: thoughts, answer, tool calls."""
+
+    reasoning: str
+    content: str
+    tool_calls: list[DeltaToolCall] | None
+    finish_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -138,20 +149,16 @@ class ChatServing(OpenAIServing):
     def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
         if not (update.token_ids or update.final):
             return None
-        content, reasoning = update.text, ""
-        if ctx.reasoning is not None:
-            reasoning, content = ctx.reasoning.delta(index, content, update.final is not None)
-        finish_reason = update.finish_reason
-        if ctx.tool_calls is None and not reasoning:
-            delta = content_delta(content)
+        if ctx.tool_calls is None and ctx.reasoning is None:
+            delta, finish_reason = content_delta(update.text), update.finish_reason
         else:  # rare enough for the response models
-            calls = None
-            if ctx.tool_calls is not None:
-                said, calls, finish_reason = ctx.tool_calls.delta(index, content, finish_reason)
-                content = said or ""
+            part = self.delta(ctx, index, update)
             delta = ChatDelta(
-                content=content or None, reasoning_content=reasoning or None, tool_calls=calls
+                content=part.content or None,
+                reasoning_content=part.reasoning or None,
+                tool_calls=part.tool_calls,
             ).model_dump_json()
+            finish_reason = part.finish_reason
         choice = chat_chunk_choice(
             index,
             delta,
@@ -161,24 +168,24 @@ class ChatServing(OpenAIServing):
         )
         return ctx.template.chunk(choice, ctx.chunk_usage())
 
+    def delta(self, ctx: Context, index: int, update: ChoiceUpdate) -> Delta:
+        """What choice ``index`` said since its last chunk: thoughts, answer, tool calls."""
+        content, reasoning = update.text, ""
+        if ctx.reasoning is not None:
+            reasoning, content = ctx.reasoning.delta(index, content, update.final is not None)
+        finish_reason, calls = update.finish_reason, None
+        if ctx.tool_calls is not None:
+            said, calls, finish_reason = ctx.tool_calls.delta(index, content, finish_reason)
+            content = said or ""
+        return Delta(reasoning, content, calls, finish_reason)
+
     def usage_chunk(self, ctx: Context) -> str:
         return ctx.template.chunk("", ctx.usage().model_dump_json())
 
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
         choices = []
         for index, out in enumerate(finals):
-            content: str | None = out.text
-            reasoning = None
-            if ctx.reasoning is not None:
-                reasoning, content = ctx.reasoning.split(out.text)
-            message = ChatResponseMessage(content=content, reasoning_content=reasoning)
-            finish_reason = out.finish_reason
-            if ctx.tool_calls is not None:
-                said = ctx.tool_calls.message(content or "", finish_reason)
-                message = ChatResponseMessage(
-                    content=said.content, reasoning_content=reasoning, tool_calls=said.tool_calls
-                )
-                finish_reason = said.finish_reason
+            message, finish_reason = self.message(ctx, out)
             choices.append(
                 ChatChoice(
                     index=index,
@@ -195,6 +202,22 @@ class ChatServing(OpenAIServing):
             choices=choices,
             usage=ctx.usage(),
         ).model_dump_json()
+
+    def message(self, ctx: Context, out: RequestOutput) -> tuple[ChatResponseMessage, str | None]:
+        """What a finished choice said (thoughts, answer, tool calls), and why it stopped."""
+        content: str | None = out.text
+        reasoning = None
+        if ctx.reasoning is not None:
+            reasoning, content = ctx.reasoning.split(out.text)
+        if ctx.tool_calls is None:
+            return ChatResponseMessage(content=content, reasoning_content=reasoning), (
+                out.finish_reason
+            )
+        said = ctx.tool_calls.message(content or "", out.finish_reason)
+        message = ChatResponseMessage(
+            content=said.content, reasoning_content=reasoning, tool_calls=said.tool_calls
+        )
+        return message, said.finish_reason
 
     def _logprobs(self, ctx: Context, entries: list[TokenLogprob]) -> ChatLogprobs | None:
         return None if ctx.num_logprobs is None else self.logprobs.chat(entries)

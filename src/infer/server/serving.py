@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -64,6 +65,7 @@ class Context:
     completion_tokens: int = 0
     tool_calls: ToolCalls | None = None  # chat requests with tools
     reasoning: Reasoning | None = None  # chat requests to a server with a reasoning parser
+    stream_state: Any = None  # an endpoint's own state of a stream (the Responses API's)
 
     def token_ids(self, ids: list[int]) -> list[int] | None:
         return ids if self.return_token_ids else None
@@ -131,6 +133,10 @@ class OpenAIServing(ABC):
         server with a reasoning parser)."""
         return None
 
+    def stream_state(self, request: SamplingRequest) -> Any:
+        """The endpoint's own state of the request's stream (``Context.stream_state``)."""
+        return None
+
     def stream_start(self, ctx: Context) -> list[str]:
         """JSON chunks sent before any token."""
         return []
@@ -144,6 +150,20 @@ class OpenAIServing(ABC):
 
     @abstractmethod
     def usage_chunk(self, ctx: Context) -> str: ...
+
+    def stream_end(self, ctx: Context) -> list[str]:
+        """JSON chunks sent after the last token: the usage, when asked for."""
+        return [self.usage_chunk(ctx)] if ctx.include_usage else []
+
+    def error_chunk(self, ctx: Context, error: APIError) -> str:
+        """What a stream that fails sends (its status is already 200)."""
+        return error.json()
+
+    def frame(self, chunk: str) -> str:
+        """A chunk as a Server-Sent Event."""
+        return f"data: {chunk}\n\n"
+
+    stream_done = "data: [DONE]\n\n"  # the stream's last event
 
     @abstractmethod
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
@@ -210,6 +230,7 @@ class OpenAIServing(ABC):
             template=ChunkTemplate.of(request_id, self.chunk_object, created, self.model_name),
             tool_calls=self.tool_calls(request),
             reasoning=self.reasoning(request),
+            stream_state=self.stream_state(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
         return job, ctx
@@ -267,7 +288,7 @@ class OpenAIServing(ABC):
     async def _stream(self, ctx: Context, job: Job) -> AsyncIterator[str]:
         try:
             for opener in self.stream_start(ctx):
-                yield f"data: {opener}\n\n"
+                yield self.frame(opener)
             async for batch in job:
                 events = []
                 for index, update in batch:
@@ -275,16 +296,17 @@ class OpenAIServing(ABC):
                     ctx.completion_tokens += len(update.token_ids)
                     chunk = self.chunk(ctx, index, update)
                     if chunk is not None:
-                        events.append(f"data: {chunk}\n\n")
+                        events.append(self.frame(chunk))
                 if events:
                     yield "".join(events)
-            if ctx.include_usage:
-                yield f"data: {self.usage_chunk(ctx)}\n\n"
+            for closer in self.stream_end(ctx):
+                yield self.frame(closer)
         except (RequestTimeoutError, EngineStoppedError, _SequenceFailed) as exc:
-            yield f"data: {_as_api_error(exc).json()}\n\n"
+            yield self.frame(self.error_chunk(ctx, _as_api_error(exc)))
         finally:
             self._release(job)
-        yield "data: [DONE]\n\n"
+        if self.stream_done:
+            yield self.stream_done
 
     async def _respond(self, ctx: Context, job: Job, raw: Request) -> Response:
         collect = asyncio.ensure_future(self._collect(ctx, job))
