@@ -55,7 +55,7 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "best_of": Unsupported("not supported (use n)", (1,)),
     "use_beam_search": Unsupported("beam search is not supported (use n)", (False,)),
     "length_penalty": Unsupported(
-        "only beam search uses it, and this server does not search beams", (1, 1.0)
+        "only beam search uses it, which this server does not do (omit it, or send 1)", (1, 1.0)
     ),
     "echo": Unsupported(f"{_NOT_YET} (send echo false or omit it)", (False,)),
     "prompt_logprobs": Unsupported(f"{_NOT_YET} (use logprobs for the generated tokens)"),
@@ -69,7 +69,7 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
         ([],),
     ),
     "priority": Unsupported(
-        "this server schedules first come, first served: only 0 is accepted", (0,)
+        "this server schedules first come, first served (omit it, or send 0)", (0,)
     ),
     # vLLM's fast-tokenizer detokenizer (every model here has a fast tokenizer) ignores it
     # too: either value gives the same text.
