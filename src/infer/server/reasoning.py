@@ -8,8 +8,9 @@ block into the prompt); DeepSeek-R1's template opens it in the prompt, so the ou
 inside it. Either way, with thinking on:
 
 - a leading ``<think>`` in the output is dropped; what comes before ``</think>`` is the
-  reasoning, what comes after it the answer (``content``); output that never closes the
-  block (cut by ``max_tokens``) is all reasoning;
+  reasoning, what comes after it the answer (``content``) without the whitespace that
+  separates them (Qwen3 writes a blank line; a constraint's grammar allows any); output
+  that never closes the block (cut by ``max_tokens``) is all reasoning;
 - with thinking off, the whole output is the answer.
 
 Streamed and whole responses split alike: the whole text goes through the same stream
@@ -124,6 +125,11 @@ class ReasoningStream:
                 return reasoning, ""
             reasoning = self._held[:end]
             self._held = self._held[end + len(THINK_END) :]
+            self._state = "separator"
+        if self._state == "separator":  # the whitespace between thoughts and answer
+            self._held = self._held.lstrip()
+            if not self._held:
+                return reasoning, ""
             self._state = "answer"
         content, self._held = self._held, ""
         return reasoning, content
@@ -138,4 +144,4 @@ class ReasoningStream:
         """What was held back, once the output has ended: unfinished thoughts are
         reasoning."""
         held, self._held = self._held, ""
-        return (held, "") if self._state != "answer" else ("", held)
+        return (held, "") if self._state in ("opening", "thinking") else ("", held)

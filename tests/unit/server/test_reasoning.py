@@ -14,15 +14,17 @@ DEEPSEEK_R1 = PARSERS["deepseek_r1"]
 
 # (output, thinking on?, expected (reasoning_content, content))
 SPLITS = [
-    ("<think>\nLet me see.\n</think>\n\nParis.", True, ("\nLet me see.\n", "\n\nParis.")),
+    ("<think>\nLet me see.\n</think>\n\nParis.", True, ("\nLet me see.\n", "Paris.")),
+    ("<think>a</think> \n", True, ("a", None)),  # only the separator after the thoughts
     ("  <think>a</think>b", True, ("a", "b")),
     ("Let me see.</think>Paris.", True, ("Let me see.", "Paris.")),  # opened by the prompt
     ("<think>cut off by max_tokens", True, ("cut off by max_tokens", None)),
     ("<think>done</think>", True, ("done", None)),
     ("<thi", True, ("<thi", None)),  # a truncated opener is unfinished thinking
-    ("a </think> b </think> c", True, ("a ", " b </think> c")),  # the first end ends it
+    ("a </think> b </think> c", True, ("a ", "b </think> c")),  # the first end ends it
     ("a < b and </thinking> too</think>x", True, ("a < b and </thinking> too", "x")),
     ("Paris.", False, (None, "Paris.")),
+    ("\n\nParis.", False, (None, "\n\nParis.")),  # thinking off: the output as it is
     ("<think>x</think>y", False, (None, "<think>x</think>y")),  # thinking off: all answer
     ("", True, (None, None)),
 ]
