@@ -381,29 +381,16 @@ class ResponsesServing(ChatServing):
                 )
                 events.append(self._item_added(ctx, state, state.reasoning))
             state.reasoning.content[0].text += part.reasoning
-            events.append(
-                self._event(
-                    ctx,
-                    "response.reasoning_text.delta",
-                    **self._at(state, state.reasoning),
-                    content_index=0,
-                    delta=part.reasoning,
-                )
-            )
+            kind = "response.reasoning_text.delta"
+            events.append(self._text_delta(ctx, state, state.reasoning, kind, part.reasoning))
         if part.content:
             if state.message is None:
                 events += self._start_message(ctx, state)
             assert state.message is not None
             state.message.content[0].text += part.content
+            kind = "response.output_text.delta"
             events.append(
-                self._event(
-                    ctx,
-                    "response.output_text.delta",
-                    **self._at(state, state.message),
-                    content_index=0,
-                    delta=part.content,
-                    logprobs=[],
-                )
+                self._text_delta(ctx, state, state.message, kind, part.content, logprobs=[])
             )
         for call in part.tool_calls or []:
             if call.id is not None:  # a new call (each comes whole, but a named one's)
@@ -568,6 +555,13 @@ class ResponsesServing(ChatServing):
         item.status = _status(state.finish_reason)
         index = state.items.index(item)
         return self._event(ctx, "response.output_item.done", output_index=index, item=item)
+
+    def _text_delta(
+        self, ctx: Context, state: _Stream, item: OutputItem, kind: str, delta: str, **extra: Any
+    ) -> str:
+        """An event with new text of ``item``'s (only) content part."""
+        at = self._at(state, item)
+        return self._event(ctx, kind, **at, content_index=0, delta=delta, **extra)
 
     @staticmethod
     def _at(state: _Stream, item: OutputItem) -> dict[str, Any]:

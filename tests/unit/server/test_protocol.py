@@ -116,10 +116,10 @@ def test_one_constraint_per_request() -> None:
     request = ChatCompletionRequest.model_validate(
         {"messages": QUESTION, "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}
     )
-    with pytest.raises(ValueError, match="^guided_regex: cannot be combined with structured"):
+    with pytest.raises(ValueError, match=r"^guided_regex: cannot be combined with structured"):
         request.constraint()
     bad = ChatCompletionRequest.model_validate({"messages": QUESTION, "guided_json": "{"})
-    with pytest.raises(ValueError, match="^guided_json: "):
+    with pytest.raises(ValueError, match=r"^guided_json: "):
         bad.constraint()
 
 
