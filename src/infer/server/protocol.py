@@ -80,6 +80,10 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
         "not supported: reasoning is switched by the chat template (e.g. "
         'chat_template_kwargs: {"enable_thinking": false} for Qwen3)'
     ),
+    "reasoning": Unsupported(  # the Responses API's {"effort": ...}
+        "not supported: a thinking model thinks as its chat template says (start the server "
+        "with --reasoning-parser to get its thoughts apart)"
+    ),
     "prediction": Unsupported("predicted outputs are not supported"),
     "service_tier": Unsupported("not supported by this server", ("auto", "default")),
     "store": Unsupported("stored completions are not supported", (False,)),
