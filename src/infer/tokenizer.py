@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +26,39 @@ Message = dict[str, Any]
 # How chat templates spell the end of a turn (Gemma, Llama 3, ChatML: Qwen, SmolLM2). A
 # checkpoint's metadata may omit it (GGUFs without ``eot_token_id``); the vocabulary has it.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>")
+
+
+# Arguments of ``apply_chat_template`` that ``ChatTemplateArgs`` sets itself; its ``kwargs``
+# (a request's ``chat_template_kwargs``) may not.
+RESERVED_TEMPLATE_ARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "return_dict", "return_tensors"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChatTemplateArgs:
+    """How a conversation is rendered (vLLM's chat parameters): end with the assistant's
+    turn opener (``add_generation_prompt``) or leave the last (assistant) message open to be
+    continued; another template than the tokenizer's; documents for RAG templates; and
+    variables the template reads (``kwargs``: ``{"enable_thinking": False}`` for Qwen3)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    documents: list[dict[str, str]] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        reserved = sorted(RESERVED_TEMPLATE_ARGS.intersection(self.kwargs))
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs: {', '.join(reserved)} cannot be set here (use the "
+                "request's own fields)"
+            )
+
+
+DEFAULT_TEMPLATE_ARGS = ChatTemplateArgs()
 
 
 def cache_dir() -> Path:
@@ -81,21 +115,35 @@ class Tokenizer:
         return self.rust.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        args: ChatTemplateArgs = DEFAULT_TEMPLATE_ARGS,
     ) -> list[int]:
         """Token ids of a conversation, ending with the assistant's turn opener."""
-        return list(self.hf.encode(self.render_chat(messages, tools), add_special_tokens=False))
+        text = self.render_chat(messages, tools, args)
+        return list(self.hf.encode(text, add_special_tokens=False))
 
     def render_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        args: ChatTemplateArgs = DEFAULT_TEMPLATE_ARGS,
     ) -> str:
         """A conversation as the chat template writes it (encode without special tokens:
         the template has put them in); ``tools`` (OpenAI's function definitions) go to
         templates that render them."""
-        if not self.hf.chat_template:
+        if not (args.chat_template or self.hf.chat_template):
             raise ValueError("messages: this model's tokenizer has no chat template")
         text = self.hf.apply_chat_template(
-            messages, tools=cast(Any, tools), tokenize=False, add_generation_prompt=True
+            messages,
+            tools=cast(Any, tools),
+            documents=cast(Any, args.documents),
+            chat_template=args.chat_template,
+            tokenize=False,
+            add_generation_prompt=args.add_generation_prompt,
+            continue_final_message=args.continue_final_message,
+            **args.kwargs,
         )
         assert isinstance(text, str)
         return text

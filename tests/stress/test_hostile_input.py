@@ -33,7 +33,7 @@ GOOD: list[tuple[str, dict[str, Any]]] = [
 
 INFINITY = "Infinity"  # written into the JSON text as the bare token
 INVALID: dict[str, list[Any]] = {
-    "n": [0, -1, 129, 2**64, "1", 1.5, True, None],
+    "n": [0, -1, 129, 2**64, "1", 1.5, True],
     "temperature": [-0.1, 2.01, 1e9, 1e309, INFINITY, "NaN", "0", [0]],
     "top_p": [0, -1, 1.0001, INFINITY, "-Infinity"],
     "top_k": [-2, VOCAB + 1, 2**31, 2**63, 2**64, 1.5, "5"],
@@ -64,6 +64,7 @@ INVALID: dict[str, list[Any]] = {
 }
 CHAT_INVALID: dict[str, list[Any]] = {"top_logprobs": [-1, 21, 100]}
 EDGES: dict[str, list[Any]] = {
+    "n": [None],  # null means "not given": the default
     "top_k": [VOCAB, -1, 0, 1],
     "temperature": [0, 2],
     "top_p": [1e-9, 1],

@@ -94,6 +94,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "burst faster, see benchmarks/RESULTS.md)",
     )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    chat = parser.add_argument_group("chat options")
+    chat.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="{deepseek_r1,qwen3}",
+        help="return a thinking model's <think>...</think> as reasoning_content, apart from "
+        "the answer in content; structured outputs and tool calls apply to the answer "
+        "(qwen3: thinking unless chat_template_kwargs enable_thinking is false; "
+        "deepseek_r1: always; default: none, the thoughts stay in content)",
+    )
+    chat.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render chat templates that requests send (chat_template); a template is code "
+        "the server runs, so they are refused unless this is given",
+    )
     add_engine_args(parser)
     parser.set_defaults(handler=run)
 
@@ -109,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from infer.server.chat import ChatOptions
     from infer.server.launch import build_server
+    from infer.server.reasoning import reasoning_parser
 
     config = engine_config_from_args(args)
     server = build_server(
@@ -128,6 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
         limit_pending_connections=args.limit_pending_connections,
         limit_pending_per_client=args.limit_pending_per_client,
         api_server_count=args.api_server_count,
+        chat=ChatOptions(reasoning_parser(args.reasoning_parser), args.trust_request_chat_template),
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()

@@ -24,12 +24,19 @@ def record_token(request: Request, token_id: int, now: float, max_seq_len: int) 
 
 
 def _cut_at_stop_string(request: Request) -> bool:
-    """Truncate the text before the first stop string in it (the stop is not output)."""
+    """Truncate the text at the first stop string in it: before it, or after it with
+    ``include_stop_str_in_output``."""
     start = request.emitted_text_len
-    found = (request.text.find(s, max(0, start - len(s))) for s in request.params.stop)
-    cut = min((i for i in found if i >= 0), default=-1)
-    if cut < 0:
+    found = [
+        (index, len(stop))
+        for stop in request.params.stop
+        if (index := request.text.find(stop, max(0, start - len(stop)))) >= 0
+    ]
+    if not found:
         return False
+    cut, length = min(found)
+    if request.params.include_stop_str_in_output:
+        cut += length
     request.text = request.text[:cut]
     return True
 

@@ -21,8 +21,11 @@ class PromptEncoder:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
 
-    def encode_prompt(self, prompt: Prompt, field: str = "prompt") -> list[int]:
-        """Validated token ids (``ValueError`` naming ``field``, where the prompt came from)."""
+    def encode_prompt(
+        self, prompt: Prompt, field: str = "prompt", keep_last: int | None = None
+    ) -> list[int]:
+        """Validated token ids (``ValueError`` naming ``field``, where the prompt came from),
+        only the last ``keep_last`` of them when given (vLLM's ``truncate_prompt_tokens``)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"{field}: this model has no tokenizer; pass token ids")
@@ -31,6 +34,8 @@ class PromptEncoder:
             token_ids = list(map(int, prompt))
             if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
                 raise ValueError(f"{field}: token ids must be in [0, {self.vocab_size})")
+        if keep_last is not None:
+            token_ids = token_ids[-keep_last:]
         if not token_ids:
             raise ValueError(f"{field}: must not be empty")
         if len(token_ids) >= self.max_seq_len:

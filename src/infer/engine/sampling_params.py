@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,6 +26,10 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # Lark rules of what may come before the constrained output, which they reference as
+    # ``@answer`` (a reasoning model's thoughts: ``infer.server.reasoning``); None: the
+    # constraint applies from the first token.
+    preamble: str | None = None
     # The checked grammar in the library's format; what the engine compiles and caches by.
     compiled_grammar: str = field(init=False, repr=False, compare=False, default="")
 
@@ -40,7 +45,21 @@ class StructuredOutputsParams:
                 f"json_object must be given, got {sorted(given) or 'none'}"
             )
         ((kind, value),) = given.items()
-        object.__setattr__(self, "compiled_grammar", grammar_for(kind, value))
+        compiled = grammar_for(kind, value)
+        if self.preamble is not None:
+            compiled = _behind(self.preamble, compiled)
+        object.__setattr__(self, "compiled_grammar", compiled)
+
+
+def _behind(preamble: str, compiled: str) -> str:
+    """llguidance's grammar of ``preamble`` (Lark) then ``compiled`` as its sub-grammar
+    ``answer`` (llguidance's JSON, one grammar or several, or Lark)."""
+    if compiled.lstrip().startswith("{"):
+        grammars = [dict(g) for g in json.loads(compiled)["grammars"]]
+    else:
+        grammars = [{"lark_grammar": compiled}]
+    grammars[0]["name"] = "answer"
+    return json.dumps({"grammars": [{"lark_grammar": preamble}, *grammars]})
 
 
 @dataclass
@@ -61,6 +80,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: until the context is full
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # the stop string that ended the text stays in it
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # also return this many top alternatives per token

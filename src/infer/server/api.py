@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -17,7 +18,7 @@ from infer.heap import IdleCollections, freeze_heap
 from infer.server.api_workers import ApiWorkers
 from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
-from infer.server.chat import ChatServing
+from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
@@ -27,6 +28,8 @@ from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.openapi import (
     AUTHENTICATED,
+    BAD_REQUEST,
+    NOT_FOUND,
     UNAVAILABLE,
     generation_responses,
     install_openapi,
@@ -37,11 +40,16 @@ from infer.server.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeResponse,
 )
+from infer.server.responses import ResponseObject, ResponsesRequest, ResponsesServing
 from infer.server.retry_after import RetryAfterEstimator
-from infer.server.serving import unavailable
+from infer.server.serving import check_model, unavailable
+from infer.server.tokenize import TokenizeServing
 
 
 def create_app(
@@ -53,9 +61,11 @@ def create_app(
     link: EngineLink | None = None,
     in_flight: InFlight | None = None,
     workers: ApiWorkers | None = None,
+    chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
-    completes once the model is loaded) and stops it.
+    completes once the model is loaded) and stops it. ``chat``: how conversations are
+    rendered and answers read (a reasoning parser).
 
     ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
@@ -83,7 +93,11 @@ def create_app(
         app.state.completions = CompletionServing(
             engine, model_name, metrics, logprobs, retry_after
         )
-        app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after)
+        app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after, chat)
+        app.state.tokenize = TokenizeServing(app.state.chat)
+        app.state.responses = ResponsesServing(
+            engine, model_name, metrics, logprobs, retry_after, chat
+        )
         # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
         # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine);
         # with it frozen, those that remain wait for a moment without requests.
@@ -124,10 +138,37 @@ def create_app(
         serving: ChatServing = raw.app.state.chat
         return await serving.create(body, raw)
 
+    @app.post(
+        "/v1/responses",
+        response_model=None,
+        responses=generation_responses(ResponseObject, ResponseObject),
+    )
+    async def create_response(body: ResponsesRequest, raw: Request) -> Response:
+        """OpenAI's Responses API, for text (stateless: ``store`` false)."""
+        serving: ResponsesServing = raw.app.state.responses
+        return await serving.create_response(body, raw)
+
     @app.get("/v1/models", responses=AUTHENTICATED)
     async def list_models() -> ModelList:
         card = ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
         return ModelList(data=[card])
+
+    @app.get("/v1/models/{model_id:path}", responses={**AUTHENTICATED, **NOT_FOUND})
+    async def retrieve_model(model_id: str) -> ModelCard:
+        check_model(model_id, model_name)
+        return ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
+
+    @app.post("/tokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
+    async def tokenize(body: dict[str, Any], raw: Request) -> TokenizeResponse:
+        """vLLM's: ``prompt`` or ``messages`` (with the chat fields) to token ids."""
+        serving: TokenizeServing = raw.app.state.tokenize
+        return await serving.tokenize(body)
+
+    @app.post("/detokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
+    async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
+        """vLLM's: token ids to text."""
+        serving: TokenizeServing = raw.app.state.tokenize
+        return serving.detokenize(body)
 
     @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:

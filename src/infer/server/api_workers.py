@@ -29,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.server.chat import ChatOptions
 from infer.server.connections import ConnectionLimits
 from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import EngineFactory
@@ -55,6 +56,7 @@ class HttpSettings:
     timeout_keep_alive: int
     limit_concurrency: int  # requests, every API process's together
     connections: ConnectionLimits  # pending ones: each API process's share
+    chat: ChatOptions
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from infer.server.messages import (
     StepEvents,
     Stop,
 )
-from infer.server.prompt_batcher import OnEncoded, PromptBatcher
+from infer.server.prompt_batcher import CHAT, PLAIN, OnEncoded, PromptBatcher, PromptOptions
 from infer.tokenizer import Message, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -362,27 +362,32 @@ class AsyncEngine:
 
     # --- requests (event loop) -------------------------------------------------------------
     async def encode_prompts(
-        self, prompts: Sequence[Prompt], on_encoded: OnEncoded | None = None
+        self,
+        prompts: Sequence[Prompt],
+        on_encoded: OnEncoded | None = None,
+        options: PromptOptions = PLAIN,
     ) -> list[list[int]]:
         """Token ids of each prompt, validated (``ValueError`` naming ``prompt``), after
         ``on_encoded`` ran on them: in the tokenizer thread when there is text to encode,
         here when there are only token ids (handing them to the thread would cost more than
         checking them) or no tokenizer (text is refused)."""
         if self._batcher is not None and any(isinstance(p, str) for p in prompts):
-            return await self._batcher.encode_prompts(prompts, on_encoded)
-        return _encoded_here(on_encoded, [self.prompts.encode_prompt(p) for p in prompts])
+            return await self._batcher.encode_prompts(prompts, on_encoded, options)
+        encoded = [self.prompts.encode_prompt(p, keep_last=options.keep_last) for p in prompts]
+        return _encoded_here(on_encoded, encoded)
 
     async def encode_chat(
         self,
         messages: list[Message],
         tools: list[dict[str, Any]] | None = None,
         on_encoded: OnEncoded | None = None,
+        options: PromptOptions = CHAT,
     ) -> list[list[int]]:
         """A conversation's token ids through the chat template (one prompt), as
         ``encode_prompts`` gives a prompt's (``ValueError`` naming ``messages``)."""
         if self._batcher is None:  # no tokenizer: refused
             return _encoded_here(on_encoded, [self.prompts.encode_chat(messages, tools)])
-        return await self._batcher.encode_chat(messages, tools, on_encoded)
+        return await self._batcher.encode_chat(messages, tools, on_encoded, options)
 
     def reserve(self, job_id: str, count: int) -> Job:
         """A job for ``count`` sequences, counted against the capacity at once, its

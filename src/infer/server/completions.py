@@ -5,7 +5,7 @@ from __future__ import annotations
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.server.async_engine import ChoiceUpdate
-from infer.server.prompt_batcher import OnEncoded
+from infer.server.prompt_batcher import OnEncoded, PromptOptions
 from infer.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,9 +26,12 @@ class CompletionServing(OpenAIServing):
         assert isinstance(request, CompletionRequest)
         return len(request.prompts())
 
-    async def encode(self, request: SamplingRequest, on_encoded: OnEncoded) -> list[list[int]]:
+    async def encode(
+        self, request: SamplingRequest, on_encoded: OnEncoded, keep_last: int | None
+    ) -> list[list[int]]:
         assert isinstance(request, CompletionRequest)
-        return await self.engine.encode_prompts(request.prompts(), on_encoded)
+        options = PromptOptions(request.add_special_tokens is not False, keep_last)
+        return await self.engine.encode_prompts(request.prompts(), on_encoded, options)
 
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, CompletionRequest)
@@ -40,7 +43,7 @@ class CompletionServing(OpenAIServing):
         logprobs = self._logprobs(ctx, index, update.logprobs)
         token_ids = ctx.token_ids(update.token_ids)
         choice = completion_choice(index, update.text, logprobs, update.finish_reason, token_ids)
-        return ctx.template.chunk(choice)
+        return ctx.template.chunk(choice, ctx.chunk_usage())
 
     def usage_chunk(self, ctx: Context) -> str:
         return ctx.template.chunk("", ctx.usage().model_dump_json())

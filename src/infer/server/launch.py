@@ -43,6 +43,7 @@ from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
+from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits, ServerConfig
 from infer.server.engine_pipes import EngineLink, engine_pipes
@@ -137,6 +138,7 @@ def build_server(
     limit_pending_per_client: int = DEFAULT_PENDING_PER_CLIENT,
     api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
+    chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -199,6 +201,7 @@ def build_server(
             pending=-(-limit_pending_connections // api_server_count),
             pending_per_client=-(-limit_pending_per_client // api_server_count),
         ),
+        chat=chat,
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -238,7 +241,7 @@ def _server(
 ) -> Server:
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
-                     engine_factory, link, in_flight, workers)  # fmt: skip
+                     engine_factory, link, in_flight, workers, http.chat)  # fmt: skip
     config = ServerConfig(
         ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
         http.connections,

@@ -27,6 +27,8 @@ def _error(description: str, **extra: Any) -> dict[str, Any]:
 Responses = dict[int | str, dict[str, Any]]
 UNAVAILABLE: Responses = {503: _error("starting, shutting down, or the engine failed")}
 AUTHENTICATED: Responses = {401: _error("missing or wrong API key (when the server has one)")}
+BAD_REQUEST: Responses = {400: _error("an invalid or unsupported field, named by `error.param`")}
+NOT_FOUND: Responses = {404: _error("the model is not served here (`error.param` = `model`)")}
 
 
 def generation_responses(body: type[BaseModel], chunk: type[BaseModel]) -> Responses:
@@ -38,9 +40,9 @@ def generation_responses(body: type[BaseModel], chunk: type[BaseModel]) -> Respo
             "description": f"the whole response; {events}",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
-        400: _error("an invalid or unsupported field, named by `error.param`"),
+        **BAD_REQUEST,
         **AUTHENTICATED,
-        404: _error("the model is not served here (`error.param` = `model`)"),
+        **NOT_FOUND,
         500: _error("the generation failed inside the server (details only in its log)"),
         503: _error("the queue is full, or the server is not serving", headers=_RETRY_AFTER),
         504: _error("the request ran past the server's --request-timeout"),

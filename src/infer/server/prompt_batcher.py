@@ -26,11 +26,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer.engine.prompts import Prompt, PromptEncoder
-from infer.tokenizer import Message, Tokenizer
+from infer.tokenizer import DEFAULT_TEMPLATE_ARGS, ChatTemplateArgs, Message, Tokenizer
 
 # Runs on a request's token ids (one list per prompt) where they were encoded; what it
 # raises is that request's error.
 OnEncoded = Callable[[list[list[int]]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptOptions:
+    """How a request's prompts become token ids besides their text (vLLM's parameters)."""
+
+    add_special_tokens: bool = True  # a conversation's template has put its own in
+    keep_last: int | None = None  # keep only the prompt's last tokens (None: all)
+    template: ChatTemplateArgs = DEFAULT_TEMPLATE_ARGS  # how a conversation is rendered
+
+
+PLAIN = PromptOptions()
+CHAT = PromptOptions(add_special_tokens=False)
 
 
 @dataclass(slots=True)
@@ -38,6 +51,7 @@ class _Item:
     prompts: Sequence[Prompt] | None  # plain prompts (text or token ids), or None for a chat
     messages: list[Message] | None
     tools: list[dict[str, Any]] | None  # a conversation's function definitions
+    options: PromptOptions
     on_encoded: OnEncoded | None
     future: asyncio.Future[list[list[int]]]
 
@@ -69,22 +83,28 @@ class PromptBatcher:
         self._thread.start()
 
     async def encode_prompts(
-        self, prompts: Sequence[Prompt], on_encoded: OnEncoded | None = None
+        self,
+        prompts: Sequence[Prompt],
+        on_encoded: OnEncoded | None = None,
+        options: PromptOptions = PLAIN,
     ) -> list[list[int]]:
         """Token ids of each prompt (text is tokenized, ids only checked), validated
         (``ValueError`` naming ``prompt``)."""
-        return await self._submit(_Item(prompts, None, None, on_encoded, self._future()))
+        item = _Item(prompts, None, None, options, on_encoded, self._future())
+        return await self._submit(item)
 
     async def encode_chat(
         self,
         messages: list[Message],
         tools: list[dict[str, Any]] | None = None,
         on_encoded: OnEncoded | None = None,
+        options: PromptOptions = CHAT,
     ) -> list[list[int]]:
         """The token ids of a conversation through the chat template (one prompt), validated
         (``ValueError`` naming ``messages``; the template's own ``TemplateError`` when it
         rejects them)."""
-        return await self._submit(_Item(None, messages, tools, on_encoded, self._future()))
+        item = _Item(None, messages, tools, options, on_encoded, self._future())
+        return await self._submit(item)
 
     def _future(self) -> asyncio.Future[list[list[int]]]:
         return self._loop.create_future()
@@ -127,20 +147,23 @@ class PromptBatcher:
     def encode(self, items: list[_Item]) -> list[Outcome]:
         """Each item's token ids (after its ``on_encoded`` ran), or the exception that
         rejects it."""
-        texts: list[tuple[int, str]] = []  # (index of the item, its text)
-        chats: list[tuple[int, str]] = []
+        # (index of the item, its text), by whether special tokens are added to it
+        texts: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
         failed: dict[int, BaseException] = {}
         for index, item in enumerate(items):
+            group = texts[item.options.add_special_tokens]
             if item.prompts is not None:
-                texts += ((index, p) for p in item.prompts if isinstance(p, str))
+                group += ((index, p) for p in item.prompts if isinstance(p, str))
                 continue
             assert item.messages is not None
             try:
-                chats.append((index, self.tokenizer.render_chat(item.messages, item.tools)))
+                text = self.tokenizer.render_chat(item.messages, item.tools, item.options.template)
             except Exception as exc:  # the template refused them: that request's error
                 failed[index] = exc
+                continue
+            group.append((index, text))
         encoded: dict[int, list[list[int]]] = {}  # each item's texts' ids, in order
-        for group, special in ((texts, True), (chats, False)):
+        for special, group in texts.items():
             if group:
                 ids = self.tokenizer.encode_batch([text for _, text in group], special)
                 for (index, _), token_ids in zip(group, ids):
@@ -157,13 +180,16 @@ class PromptBatcher:
     def _finish(self, item: _Item, encoded: list[list[int]]) -> list[list[int]] | BaseException:
         """Check the item's prompts (``encoded``: its texts' ids, in order) and run its
         ``on_encoded``."""
+        keep_last = item.options.keep_last
         try:
             if item.prompts is None:
-                prompts = [self.prompts.encode_prompt(encoded[0], "messages")]
+                prompts = [self.prompts.encode_prompt(encoded[0], "messages", keep_last)]
             else:
                 texts = iter(encoded)
                 prompts = [
-                    self.prompts.encode_prompt(next(texts) if isinstance(p, str) else p)
+                    self.prompts.encode_prompt(
+                        next(texts) if isinstance(p, str) else p, keep_last=keep_last
+                    )
                     for p in item.prompts
                 ]
             if item.on_encoded is not None:

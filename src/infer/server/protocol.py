@@ -1,18 +1,22 @@
 """OpenAI request and response bodies (pydantic), as the official ``openai`` client sends
-and parses them, plus vLLM's sampling extensions (``top_k``, ``min_p``, ...).
+and parses them, plus vLLM's extra parameters (``top_k``, ``min_p``, ``chat_template_kwargs``,
+``truncate_prompt_tokens``, the legacy ``guided_*`` constraints, ...).
 
 Requests are strict (``"0.5"`` is not a number, ``1`` is not ``true``, ``Infinity`` is not a
-number) and carry their ranges, so the OpenAPI document states them. A field the server does
-not honour is never ignored: ``UNSUPPORTED_FIELDS`` says why it is refused, and any other
-unknown field is refused too (a 400 naming it). Limits that depend on the model (vocabulary,
-context) are checked by ``SamplingParams.check_for_model``.
+number) and carry their ranges, so the OpenAPI document states them. ``null`` means "not
+given" for every optional field, as in OpenAI's API (clients that serialise unset fields send
+it). A field the server does not honour is never ignored: ``UNSUPPORTED_FIELDS`` says why it
+is refused and what to use instead, and any other unknown field is refused too (a 400 naming
+it). Limits that depend on the model (vocabulary, context) are checked by
+``SamplingParams.check_for_model``.
 """
 
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +26,7 @@ from infer.engine.sampling_params import (
     StructuredOutputsParams,
 )
 from infer.engine.structured import GrammarError
+from infer.tokenizer import ChatTemplateArgs
 
 MAX_N = 128
 MAX_LOGPROBS = 20
@@ -41,17 +46,44 @@ class Unsupported:
 
 
 _LEGACY = "the legacy function-calling fields are not supported (use tools and tool_choice)"
-# The one list of OpenAI fields this server does not honour. Remove an entry when its
-# field is implemented (declared on a request model).
+_NOT_YET = "not supported yet: the prompt's tokens and their logprobs are not returned"
+# The one list of OpenAI and vLLM fields this server does not honour: why, and what to use
+# instead. Remove an entry when its field is implemented (declared on a request model).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "functions": Unsupported(_LEGACY, ([],)),
     "function_call": Unsupported(_LEGACY, ("none",)),
     "best_of": Unsupported("not supported (use n)", (1,)),
-    "echo": Unsupported("not supported", (False,)),
-    "suffix": Unsupported("not supported", ("",)),
+    "use_beam_search": Unsupported("beam search is not supported (use n)", (False,)),
+    "length_penalty": Unsupported(
+        "only beam search uses it, which this server does not do (omit it, or send 1)", (1, 1.0)
+    ),
+    "echo": Unsupported(f"{_NOT_YET} (send echo false or omit it)", (False,)),
+    "prompt_logprobs": Unsupported(f"{_NOT_YET} (use logprobs for the generated tokens)"),
+    "suffix": Unsupported(
+        "fill-in-the-middle is not supported (send the text before the gap as the prompt)", ("",)
+    ),
+    "bad_words": Unsupported(
+        "not supported: it needs a logits processor this server does not have (ban single "
+        'tokens with logit_bias, e.g. {"1234": -100}, or constrain the output with '
+        "structured_outputs)",
+        ([],),
+    ),
+    "priority": Unsupported(
+        "this server schedules first come, first served (omit it, or send 0)", (0,)
+    ),
+    # vLLM's fast-tokenizer detokenizer (every model here has a fast tokenizer) ignores it
+    # too: either value gives the same text.
+    "spaces_between_special_tokens": Unsupported("must be a boolean", (True, False)),
     "modalities": Unsupported("only text output is supported", (["text"],)),
     "audio": Unsupported("audio output is not supported"),
-    "reasoning_effort": Unsupported("not supported by this server"),
+    "reasoning_effort": Unsupported(
+        "not supported: reasoning is switched by the chat template (e.g. "
+        'chat_template_kwargs: {"enable_thinking": false} for Qwen3)'
+    ),
+    "reasoning": Unsupported(  # the Responses API's {"effort": ...}
+        "not supported: a thinking model thinks as its chat template says (start the server "
+        "with --reasoning-parser to get its thoughts apart)"
+    ),
     "prediction": Unsupported("predicted outputs are not supported"),
     "service_tier": Unsupported("not supported by this server", ("auto", "default")),
     "store": Unsupported("stored completions are not supported", (False,)),
@@ -66,27 +98,60 @@ def unsupported_reason(field: str) -> str:
     return known.reason if known is not None else "unknown field"
 
 
+def _harmless(field: str, value: Any) -> bool:
+    """Whether an unsupported field's value asks for what the server does anyway (``null``
+    or a listed value of the same type: ``true`` is not ``1``)."""
+    return value is None or any(
+        type(value) is type(allowed) and value == allowed
+        for allowed in UNSUPPORTED_FIELDS[field].harmless
+    )
+
+
+def _admits_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None):
+        return True
+    union = get_origin(annotation) in (Union, types.UnionType)
+    return union and any(_admits_none(arg) for arg in get_args(annotation))
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    # Keys (as clients spell them) of optional fields whose type has no ``null``: a
+    # ``null`` there means "not given", so it is dropped and the default applies.
+    _null_means_default: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._null_means_default = frozenset(
+            info.alias or name
+            for name, info in cls.model_fields.items()
+            if not info.is_required() and not _admits_none(info.annotation)
+        )
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_harmless_unsupported(cls, data: Any) -> Any:
-        """Unsupported fields that ask for the default (``null`` or a harmless value) pass;
-        any other value of them is refused as an unknown field."""
+    def _drop_defaults(cls, data: Any) -> Any:
+        """``null`` for an optional field is its default. Unsupported fields that ask for the
+        default (``null`` or a harmless value) pass; any other value of them is refused
+        (``UNSUPPORTED_FIELDS`` says why)."""
         if not isinstance(data, dict):
             return data
         return {
             name: value
             for name, value in data.items()
-            if name in cls.model_fields
-            or name not in UNSUPPORTED_FIELDS
-            or not (value is None or value in UNSUPPORTED_FIELDS[name].harmless)
+            if not (value is None and name in cls._null_means_default)
+            and (
+                name in cls.model_fields
+                or name not in UNSUPPORTED_FIELDS
+                or not _harmless(name, value)
+            )
         }
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: every chunk carries the usage so far
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -161,6 +226,19 @@ class SamplingRequest(_Request):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's extra parameters
+    include_stop_str_in_output: bool = False
+    add_special_tokens: bool | None = None  # default: the endpoint's (``add_special_tokens``)
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="keep the prompt's last k tokens (-1: as many as fit)"
+    )
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    request_id: str | None = Field(None, max_length=256, description="the response's id")
+    # vLLM's legacy names of ``structured_outputs``' constraints
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingRequest:
@@ -168,9 +246,29 @@ class SamplingRequest(_Request):
             raise ValueError("stream_options: only allowed when stream is true")
         return self
 
+    @model_validator(mode="after")
+    def _truncation_keeps_tokens(self) -> SamplingRequest:
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens: must be -1 or at least 1, got 0")
+        return self
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries the usage so far (vLLM's ``continuous_usage_stats``,
+        with ``include_usage``)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
+
+    def keep_last_tokens(self, max_seq_len: int, max_tokens: int | None) -> int | None:
+        """How many of the prompt's last tokens to keep (``truncate_prompt_tokens``; -1:
+        as many as leave room for ``max_tokens``, or for one token), None: all."""
+        if self.truncate_prompt_tokens != -1:
+            return self.truncate_prompt_tokens
+        return max(1, max_seq_len - (max_tokens or 1))
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The engine's parameters (``ValueError`` naming the field when out of range)."""
@@ -193,32 +291,62 @@ class SamplingRequest(_Request):
             logprobs=logprobs,
             logit_bias=_token_keys(self.logit_bias or {}),
             skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.constraint(),
         )
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """The output's constraint from ``response_format`` or ``structured_outputs``
-        (``ValueError`` naming the field, e.g. ``response_format.json_schema.schema``)."""
-        fmt = self.response_format
-        if fmt is not None and fmt.type != "text":
-            if self.structured_outputs is not None:
-                raise ValueError("structured_outputs: cannot be combined with response_format")
+        """The output's constraint, from whichever field gives one: ``response_format``,
+        ``structured_outputs``, a legacy ``guided_*`` field or ``allowed_token_ids``
+        (``ValueError`` naming the field, e.g. ``response_format.json_schema.schema``, or
+        the two fields when several give one)."""
+        given = [name for name in _CONSTRAINT_FIELDS if self._gives_constraint(name)]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: cannot be combined with {given[0]}")
+        if not given:
+            return None
+        if given[0] == "response_format":
+            fmt = self.response_format
+            assert fmt is not None
             if fmt.json_schema is None:
                 return constraint("response_format", json_object=True)
             return constraint("response_format.json_schema.schema", json=fmt.json_schema.schema_)
-        so = self.structured_outputs
-        if so is None:
-            return None
-        try:
-            return StructuredOutputsParams(
-                json=so.json_,
-                regex=so.regex,
-                choice=so.choice,
-                grammar=so.grammar,
-                json_object=so.json_object,
-            )
-        except GrammarError as exc:
-            raise ValueError(str(exc)) from None
+        if given[0] == "structured_outputs":
+            so = self.structured_outputs
+            assert so is not None
+            try:
+                return StructuredOutputsParams(
+                    json=so.json_,
+                    regex=so.regex,
+                    choice=so.choice,
+                    grammar=so.grammar,
+                    json_object=so.json_object,
+                )
+            except GrammarError as exc:
+                raise ValueError(str(exc)) from None
+        if given[0] == "allowed_token_ids":
+            ids = ",".join(str(token) for token in sorted(set(self.allowed_token_ids or [])))
+            return constraint("allowed_token_ids", grammar=f"start: <[{ids}]>*")
+        kind = given[0].removeprefix("guided_")
+        return constraint(given[0], **{kind: getattr(self, given[0])})
+
+    def _gives_constraint(self, name: str) -> bool:
+        value = getattr(self, name)
+        if name == "response_format":
+            return value is not None and value.type != "text"
+        return value is not None
+
+
+# The fields that constrain the output, at most one per request (besides a forced tool call).
+_CONSTRAINT_FIELDS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "allowed_token_ids",
+)
 
 
 class CompletionRequest(SamplingRequest):
@@ -302,13 +430,46 @@ class NamedToolChoice(_Request):
     function: NamedFunction
 
 
-class ChatCompletionRequest(SamplingRequest):
+class Conversation(_Request):
+    """A conversation and how the chat template renders it (vLLM's chat parameters):
+    chat completions and ``/tokenize`` take the same fields."""
+
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = Field(None, min_length=1)
+    documents: list[dict[str, str]] | None = None  # for RAG templates
+
+    @model_validator(mode="after")
+    def _one_way_to_end_the_prompt(self) -> Conversation:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message: cannot be combined with add_generation_prompt "
+                "(set add_generation_prompt to false to continue the last message)"
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message: the last message must be the assistant's")
+        self.template_args()  # refuses reserved chat_template_kwargs
+        return self
+
+    def template_args(self) -> ChatTemplateArgs:
+        """How the chat template renders this conversation."""
+        return ChatTemplateArgs(
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template=self.chat_template,
+            documents=self.documents,
+            kwargs=self.chat_template_kwargs or {},
+        )
+
+
+class ChatCompletionRequest(SamplingRequest, Conversation):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
@@ -345,10 +506,9 @@ class ChatCompletionRequest(SamplingRequest):
         parameters), else the ``response_format``/``structured_outputs`` constraint."""
         if not self.forces_tool_call:
             return super().constraint()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError("tool_choice: cannot force a tool call with a response_format")
-        if self.structured_outputs is not None:
-            raise ValueError("tool_choice: cannot force a tool call with structured_outputs")
+        for name in _CONSTRAINT_FIELDS:
+            if self._gives_constraint(name):
+                raise ValueError(f"tool_choice: cannot force a tool call with {name}")
         try:
             return StructuredOutputsParams(json=self._forced_call_schema())
         except GrammarError as exc:
@@ -385,6 +545,28 @@ class ChatCompletionRequest(SamplingRequest):
     @property
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeCompletionRequest(_Request):
+    """vLLM's ``/tokenize`` of a plain prompt."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(Conversation):
+    """vLLM's ``/tokenize`` of a conversation through the chat template."""
+
+    model: str | None = None
+    add_special_tokens: bool = False  # the template has put its own in
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 # --- responses ---------------------------------------------------------------------------
@@ -462,6 +644,7 @@ class ToolCall(_Response):
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = _omitted_when_none()  # with a reasoning parser
     tool_calls: list[ToolCall] | None = _omitted_when_none()
 
 
@@ -501,6 +684,7 @@ class DeltaToolCall(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = _omitted_when_none()
     tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 
@@ -520,6 +704,17 @@ class ChatCompletionChunk(_Response):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
 
 
 class ModelCard(_Response):

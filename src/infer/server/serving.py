@@ -12,8 +12,9 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -36,6 +37,7 @@ from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.prompt_batcher import OnEncoded
 from infer.server.protocol import SamplingRequest, Usage
+from infer.server.reasoning import Reasoning
 from infer.server.retry_after import RetryAfterEstimator
 from infer.server.sse import ChunkTemplate
 from infer.server.tool_calls import ToolCalls
@@ -56,11 +58,14 @@ class Context:
     n: int
     num_logprobs: int | None
     include_usage: bool
+    continuous_usage: bool  # every chunk carries the usage so far
     return_token_ids: bool
     template: ChunkTemplate  # of the stream's chunks
     text_offsets: list[int] = field(default_factory=list)  # per choice, for logprobs
     completion_tokens: int = 0
     tool_calls: ToolCalls | None = None  # chat requests with tools
+    reasoning: Reasoning | None = None  # chat requests to a server with a reasoning parser
+    stream_state: Any = None  # an endpoint's own state of a stream (the Responses API's)
 
     def token_ids(self, ids: list[int]) -> list[int] | None:
         return ids if self.return_token_ids else None
@@ -68,6 +73,10 @@ class Context:
     @property
     def num_choices(self) -> int:
         return len(self.prompt_lengths) * self.n
+
+    def chunk_usage(self) -> str:
+        """A streamed chunk's ``usage`` (JSON): the usage so far, or null."""
+        return self.usage().model_dump_json() if self.continuous_usage else "null"
 
     def usage(self) -> Usage:
         prompt_tokens = sum(self.prompt_lengths)
@@ -105,15 +114,27 @@ class OpenAIServing(ABC):
     def num_prompts(self, request: SamplingRequest) -> int: ...
 
     @abstractmethod
-    async def encode(self, request: SamplingRequest, on_encoded: OnEncoded) -> list[list[int]]:
-        """Token ids of each prompt (``ValueError`` naming the field when invalid), after
-        ``on_encoded`` ran on them (``AsyncEngine.encode_prompts``)."""
+    async def encode(
+        self, request: SamplingRequest, on_encoded: OnEncoded, keep_last: int | None
+    ) -> list[list[int]]:
+        """Token ids of each prompt, only the last ``keep_last`` when given (``ValueError``
+        naming the field when invalid), after ``on_encoded`` ran on them
+        (``AsyncEngine.encode_prompts``)."""
 
     @abstractmethod
     def sampling_params(self, request: SamplingRequest) -> SamplingParams: ...
 
     def tool_calls(self, request: SamplingRequest) -> ToolCalls | None:
         """How tool calls are read from the output (chat requests with tools)."""
+        return None
+
+    def reasoning(self, request: SamplingRequest) -> Reasoning | None:
+        """How the model's thoughts are told apart from its answer (chat requests to a
+        server with a reasoning parser)."""
+        return None
+
+    def stream_state(self, request: SamplingRequest) -> Any:
+        """The endpoint's own state of the request's stream (``Context.stream_state``)."""
         return None
 
     def stream_start(self, ctx: Context) -> list[str]:
@@ -129,6 +150,20 @@ class OpenAIServing(ABC):
 
     @abstractmethod
     def usage_chunk(self, ctx: Context) -> str: ...
+
+    def stream_end(self, ctx: Context) -> list[str]:
+        """JSON chunks sent after the last token: the usage, when asked for."""
+        return [self.usage_chunk(ctx)] if ctx.include_usage else []
+
+    def error_chunk(self, ctx: Context, error: APIError) -> str:
+        """What a stream that fails sends (its status is already 200)."""
+        return error.json()
+
+    def frame(self, chunk: str) -> str:
+        """A chunk as a Server-Sent Event."""
+        return f"data: {chunk}\n\n"
+
+    stream_done = "data: [DONE]\n\n"  # the stream's last event
 
     @abstractmethod
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
@@ -155,23 +190,26 @@ class OpenAIServing(ABC):
     async def _submit(self, request: SamplingRequest) -> tuple[Job, Context]:
         """Validate, reserve the job's capacity, encode its prompts and start it where they
         were encoded (the tokenizer thread: ``AsyncEngine.start_job``)."""
-        if request.model is not None and request.model != self.model_name:
-            raise APIError(
-                404,
-                f"The model `{request.model}` does not exist (this server serves "
-                f"`{self.model_name}`)",
-                param="model",
-                code="model_not_found",
-            )
+        check_model(request.model, self.model_name)
         try:
             params = self.sampling_params(request)
+            if request.allowed_token_ids is not None:
+                params = self._only_allowed_tokens(params, request.allowed_token_ids)
             params.check_for_model(self.engine.info.vocab_size, self.max_seq_len)
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
-        request_id = f"{self.id_prefix}-{random_hex(32)}"
-        job = self._reserve(request_id, self.num_prompts(request) * params.n)
+        # The engine's ids are the server's own: a client's ``request_id`` names only the
+        # response (two clients may send the same one).
+        job_id = f"{self.id_prefix}-{random_hex(32)}"
+        request_id = job_id
+        if request.request_id is not None:
+            request_id = f"{self.id_prefix}-{request.request_id}"
+        job = self._reserve(job_id, self.num_prompts(request) * params.n)
+        keep_last = None
+        if request.truncate_prompt_tokens is not None:
+            keep_last = request.keep_last_tokens(self.max_seq_len, params.max_tokens)
         try:
-            prompts = await self.encode(request, partial(self._start, job, params))
+            prompts = await self.encode(request, partial(self._start, job, params), keep_last)
         except ValueError as exc:
             job.close()
             raise APIError.bad_request(exc) from exc
@@ -187,12 +225,27 @@ class OpenAIServing(ABC):
             n=params.n,
             num_logprobs=params.logprobs,
             include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
             return_token_ids=request.return_token_ids,
             template=ChunkTemplate.of(request_id, self.chunk_object, created, self.model_name),
             tool_calls=self.tool_calls(request),
+            reasoning=self.reasoning(request),
+            stream_state=self.stream_state(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
         return job, ctx
+
+    def _only_allowed_tokens(self, params: SamplingParams, allowed: list[int]) -> SamplingParams:
+        """``allowed_token_ids`` restrict every token, the end of the sequence included
+        (vLLM's mask): the grammar (``SamplingRequest.constraint``) lets the output end at
+        any point, so unless one of the model's end tokens is listed, they are held off
+        to the length limit as ``min_tokens`` holds them off."""
+        vocab_size = self.engine.info.vocab_size
+        if max(allowed) >= vocab_size:
+            raise ValueError(f"allowed_token_ids: token ids must be in [0, {vocab_size})")
+        if set(allowed) & set(self.engine.info.eos_token_ids):
+            return params
+        return replace(params, min_tokens=params.max_tokens or self.max_seq_len - 1)
 
     def _reserve(self, request_id: str, count: int) -> Job:
         try:
@@ -235,7 +288,7 @@ class OpenAIServing(ABC):
     async def _stream(self, ctx: Context, job: Job) -> AsyncIterator[str]:
         try:
             for opener in self.stream_start(ctx):
-                yield f"data: {opener}\n\n"
+                yield self.frame(opener)
             async for batch in job:
                 events = []
                 for index, update in batch:
@@ -243,16 +296,17 @@ class OpenAIServing(ABC):
                     ctx.completion_tokens += len(update.token_ids)
                     chunk = self.chunk(ctx, index, update)
                     if chunk is not None:
-                        events.append(f"data: {chunk}\n\n")
+                        events.append(self.frame(chunk))
                 if events:
                     yield "".join(events)
-            if ctx.include_usage:
-                yield f"data: {self.usage_chunk(ctx)}\n\n"
+            for closer in self.stream_end(ctx):
+                yield self.frame(closer)
         except (RequestTimeoutError, EngineStoppedError, _SequenceFailed) as exc:
-            yield f"data: {_as_api_error(exc).json()}\n\n"
+            yield self.frame(self.error_chunk(ctx, _as_api_error(exc)))
         finally:
             self._release(job)
-        yield "data: [DONE]\n\n"
+        if self.stream_done:
+            yield self.stream_done
 
     async def _respond(self, ctx: Context, job: Job, raw: Request) -> Response:
         collect = asyncio.ensure_future(self._collect(ctx, job))
@@ -282,6 +336,17 @@ class OpenAIServing(ABC):
                     ctx.completion_tokens += len(final.token_ids)
         assert all(final is not None for final in finals)
         return self.response(ctx, finals)  # type: ignore[arg-type]
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """A 404 in OpenAI's shape for a model this server does not serve."""
+    if requested is not None and requested != served:
+        raise APIError(
+            404,
+            f"The model `{requested}` does not exist (this server serves `{served}`)",
+            param="model",
+            code="model_not_found",
+        )
 
 
 class _EventStream(StreamingResponse):

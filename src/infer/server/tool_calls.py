@@ -62,10 +62,7 @@ class ToolCallFormat:
         """How many trailing characters of ``text`` (no call in it) may still begin one."""
         if not self.opener:
             return len(text) if not text.strip() else 0
-        for size in range(min(len(self.opener) - 1, len(text)), 0, -1):
-            if self.opener.startswith(text[-size:]):
-                return size
-        return 0
+        return partial_tag(text, self.opener)
 
     def parse(self, text: str) -> list[tuple[str, Any]]:
         """``(name, arguments)`` of each well-formed call in ``text`` (from ``start``)."""
@@ -81,6 +78,15 @@ class ToolCallFormat:
                 if isinstance(value, dict) and isinstance(value.get("name"), str):
                     calls.append((value["name"], value.get(self.arguments_key, {})))
         return calls
+
+
+def partial_tag(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that begins ``tag`` (but is not all of it):
+    text a stream holds back until it knows whether the tag follows."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
 
 
 HERMES = ToolCallFormat("hermes", "<tool_call>", "arguments")

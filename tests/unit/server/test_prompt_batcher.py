@@ -18,7 +18,7 @@ from tests.conftest import MIXED_SCRIPT_TEXTS
 from infer.engine.prompts import PromptEncoder
 from infer.loader.presets import embedded_model_path
 from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher
-from infer.tokenizer import Message, Tokenizer
+from infer.tokenizer import DEFAULT_TEMPLATE_ARGS, ChatTemplateArgs, Message, Tokenizer
 
 TEXTS = [
     *MIXED_SCRIPT_TEXTS,
@@ -67,9 +67,12 @@ class Gate:
         return self.tokenizer.encode_batch(texts, add_special_tokens)
 
     def render_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        args: ChatTemplateArgs = DEFAULT_TEMPLATE_ARGS,
     ) -> str:
-        return self.tokenizer.render_chat(messages, tools)
+        return self.tokenizer.render_chat(messages, tools, args)
 
 
 @pytest.fixture

@@ -1,0 +1,214 @@
+"""Request bodies: explicit nulls, vLLM's extra parameters, and what is refused and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from infer.server.protocol import (
+    UNSUPPORTED_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    StreamOptions,
+    TokenizeChatRequest,
+)
+from infer.server.responses import ResponsesRequest
+
+QUESTION = [{"role": "user", "content": "hi"}]
+REQUIRED: dict[type[BaseModel], dict[str, Any]] = {
+    CompletionRequest: {"prompt": "hi"},
+    ChatCompletionRequest: {"messages": QUESTION},
+    TokenizeChatRequest: {"messages": QUESTION},
+    ResponsesRequest: {"input": "hi"},
+}
+# Where null has a meaning of its own: a completion's max_tokens (no limit, as in vLLM).
+NULL_IS_A_VALUE = {(CompletionRequest, "max_tokens")}
+
+
+@pytest.mark.parametrize("model", list(REQUIRED))
+def test_null_is_the_default_for_every_optional_field(model: type[BaseModel]) -> None:
+    default = model.model_validate(REQUIRED[model])
+    optional = [
+        (name, info.alias or name)
+        for name, info in model.model_fields.items()
+        if not info.is_required() and (model, name) not in NULL_IS_A_VALUE
+    ]
+    assert len(optional) > 5
+    for name, key in optional:
+        given = model.model_validate({**REQUIRED[model], key: None})
+        assert getattr(given, name) == getattr(default, name), name
+
+
+def test_null_is_the_default_in_nested_objects_too() -> None:
+    request = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi", "name": None, "tool_calls": None}],
+        "stream": True,
+        "stream_options": {"include_usage": None, "continuous_usage_stats": None},
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "x", "schema": {}, "strict": None}},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": None}}],
+    })  # fmt: skip
+    assert request.stream_options == StreamOptions()
+    assert request.tools is not None and request.tools[0].function.parameters is None
+
+
+def test_a_required_field_stays_required_when_null() -> None:
+    with pytest.raises(ValidationError, match="prompt"):
+        CompletionRequest.model_validate({"prompt": None})
+
+
+def test_null_max_tokens_of_a_completion_means_no_limit_as_in_vllm() -> None:
+    assert CompletionRequest.model_validate({"prompt": "hi"}).max_tokens == 16
+    assert CompletionRequest.model_validate({"prompt": "hi", "max_tokens": None}).max_tokens is None
+
+
+HARMLESS = [("echo", False), ("priority", 0), ("length_penalty", 1.0), ("length_penalty", 1),
+            ("spaces_between_special_tokens", False), ("spaces_between_special_tokens", True),
+            ("bad_words", []), ("use_beam_search", False), ("prompt_logprobs", None),
+            ("best_of", 1), ("suffix", "")]  # fmt: skip
+REFUSED = [("echo", True), ("priority", 1), ("priority", False), ("length_penalty", 0.5),
+           ("bad_words", ["darn"]), ("prompt_logprobs", 1), ("best_of", True),
+           ("use_beam_search", True), ("suffix", "!"),
+           ("spaces_between_special_tokens", "no")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), HARMLESS)
+def test_unsupported_fields_asking_for_what_the_server_does_pass(field: str, value: Any) -> None:
+    CompletionRequest.model_validate({"prompt": "hi", field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), REFUSED)
+def test_other_values_are_refused_as_unsupported(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        CompletionRequest.model_validate({"prompt": "hi", field: value})
+    assert caught.value.errors()[0]["loc"] == (field,)
+    assert field in UNSUPPORTED_FIELDS  # the 400 says why (errors.py reads the reason)
+
+
+def test_every_unsupported_field_says_what_to_do_instead() -> None:
+    for field in ("echo", "prompt_logprobs", "bad_words", "priority", "length_penalty",
+                  "suffix", "reasoning_effort"):  # fmt: skip
+        reason = UNSUPPORTED_FIELDS[field].reason
+        assert reason != "unknown field" and ("(" in reason or ":" in reason), field
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "grammar"),
+    [
+        ("guided_choice", ["yes", "no"], 'start: "yes" | "no"'),
+        ("guided_regex", "[0-9]+", "[0-9]+"),
+        ("guided_json", {"type": "object"}, "json_schema"),
+        ("guided_grammar", 'start: "x"', 'start: "x"'),
+        ("allowed_token_ids", [7, 3, 7], "start: <[3,7]>*"),
+    ],
+)
+def test_legacy_guided_fields_and_allowed_token_ids_constrain_the_output(
+    field: str, value: Any, grammar: str
+) -> None:
+    request = ChatCompletionRequest.model_validate({"messages": QUESTION, field: value})
+    constraint = request.constraint()
+    assert constraint is not None and grammar in constraint.compiled_grammar
+
+
+def test_one_constraint_per_request() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {"messages": QUESTION, "guided_regex": "a", "structured_outputs": {"choice": ["b"]}}
+    )
+    with pytest.raises(ValueError, match=r"^guided_regex: cannot be combined with structured"):
+        request.constraint()
+    bad = ChatCompletionRequest.model_validate({"messages": QUESTION, "guided_json": "{"})
+    with pytest.raises(ValueError, match=r"^guided_json: "):
+        bad.constraint()
+
+
+def test_chat_template_parameters_reach_the_template_arguments() -> None:
+    request = ChatCompletionRequest.model_validate({
+        "messages": [*QUESTION, {"role": "assistant", "content": "The answer is"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "add_generation_prompt": False, "continue_final_message": True,
+        "documents": [{"title": "a", "text": "b"}],
+    })  # fmt: skip
+    args = request.template_args()
+    assert args.kwargs == {"enable_thinking": False} and args.continue_final_message
+    assert not args.add_generation_prompt and args.documents == [{"title": "a", "text": "b"}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"continue_final_message": True}, "continue_final_message: cannot be combined"),
+        ({"continue_final_message": True, "add_generation_prompt": False},
+         "continue_final_message: the last message must be the assistant's"),
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs: tools cannot be set"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens: must be -1 or at least 1"),
+    ],
+)  # fmt: skip
+def test_inconsistent_chat_parameters_are_refused_by_name(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ChatCompletionRequest.model_validate({"messages": QUESTION, **fields})
+
+
+def test_truncation_keeps_the_last_tokens_that_fit() -> None:
+    request = CompletionRequest.model_validate({"prompt": "hi", "truncate_prompt_tokens": -1})
+    assert request.keep_last_tokens(max_seq_len=100, max_tokens=30) == 70
+    assert request.keep_last_tokens(max_seq_len=100, max_tokens=None) == 99
+    five = CompletionRequest.model_validate({"prompt": "hi", "truncate_prompt_tokens": 5})
+    assert five.keep_last_tokens(max_seq_len=100, max_tokens=30) == 5
+
+
+def test_continuous_usage_needs_include_usage() -> None:
+    def request(**options: bool) -> CompletionRequest:
+        return CompletionRequest.model_validate(
+            {"prompt": "hi", "stream": True, "stream_options": options}
+        )
+
+    assert request(include_usage=True, continuous_usage_stats=True).continuous_usage
+    assert not request(continuous_usage_stats=True).continuous_usage
+
+
+def test_a_responses_request_becomes_a_chat_request() -> None:
+    request = ResponsesRequest.model_validate({
+        "input": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "c1", "name": "weather",
+             "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "And "}, {"type": "input_text",
+                                                                  "text": "Lyon?"}]},
+        ],
+        "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0,
+        "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "weather"},
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+    })  # fmt: skip
+    chat = request.as_chat()
+    assert [m.for_template() for m in chat.messages] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        {"role": "user", "content": "And Lyon?"},
+    ]  # fmt: skip
+    assert chat.requested_max_tokens == 9 and chat.temperature == 0
+    assert chat.forces_tool_call and chat.tools is not None
+    assert chat.response_format is not None and chat.response_format.json_schema is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id")],
+)
+def test_a_stateless_server_refuses_what_needs_stored_responses(
+    fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(ValidationError, match=f"{param}: this server keeps no responses"):
+        ResponsesRequest.model_validate({"input": "hi", **fields})
+    ResponsesRequest.model_validate({"input": "hi", "store": False})
