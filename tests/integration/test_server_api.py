@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from infer import SamplingParams
 from tests.integration.conftest import metric
+
+from infer import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
