@@ -12,7 +12,7 @@ import jsonschema
 import llguidance
 import pytest
 
-from infer import SamplingParams
+from infer import LLM, SamplingParams
 from infer.engine.sampling_params import StructuredOutputsParams
 from infer.engine.structured import CompiledGrammar
 
@@ -128,6 +128,34 @@ def test_scheduled_ahead_constrained_steps_sample_what_synchronous_steps_do(
     for r in ahead[:2]:
         if r.outputs[0].finish_reason == "stop":
             json.loads(r.outputs[0].text)
+
+
+def test_constrained_requests_preempted_and_recomputed_keep_to_their_grammars(
+    smollm2_llm: Any,
+) -> None:
+    """In a pool too small for all of them, constrained requests are preempted mid-output
+    and recomputed (their matchers keep the tokens they had): each gives the output it gives
+    in a roomy pool, and it validates."""
+    cases = CASES[:6]
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=60,
+            structured_outputs=StructuredOutputsParams(json=c["schema"]),
+        )
+        for c in cases
+    ]
+    asks = [_ask(c["name"]) for c in cases]
+    roomy = smollm2_llm.chat(asks, params, use_tqdm=False)
+    tight = LLM(
+        "smollm2-135m", num_gpu_blocks=40, block_size=4, max_seq_len=160, admission_reserve=0.0
+    )
+    cramped = tight.chat(asks, params, use_tqdm=False)
+    assert tight.cache_stats()["preemptions"] >= 1
+    assert [r.outputs[0].token_ids for r in cramped] == [r.outputs[0].token_ids for r in roomy]
+    for case, result in zip(cases, cramped):
+        if result.outputs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(result.outputs[0].text), case["schema"])
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
