@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from infer.server import build_server, serve_in_thread
 
@@ -21,3 +23,20 @@ def url(smollm2_llm: Any) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def metric(url: str, name: str, default: float | None = None) -> float:
+    """A sample's value, summed over its labels; ``default`` for one not shown yet (a
+    labelled counter before its first label, e.g. finished requests before any finished)."""
+    text = httpx.get(f"{url}/metrics").text
+    values = [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+    if values:
+        return sum(values)
+    if default is None:
+        raise KeyError(name)
+    return default

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from tests.integration.conftest import metric
 
 from infer import SamplingParams
 
@@ -34,23 +34,6 @@ def offline(smollm2_llm: Any) -> dict[str, Any]:
         )[0],
         "seeded": smollm2_llm.generate(PROMPTS[2], SEEDED, use_tqdm=False)[0],
     }
-
-
-def metric(url: str, name: str, default: float | None = None) -> float:
-    """A sample's value, summed over its labels; ``default`` for one not shown yet (a
-    labelled counter before its first label, e.g. finished requests before any finished)."""
-    text = httpx.get(f"{url}/metrics").text
-    values = [
-        float(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    ]
-    if values:
-        return sum(values)
-    if default is None:
-        raise KeyError(name)
-    return default
 
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> dict[str, Any]:

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llguidance
 import pytest
 
-from infer import SamplingParams
+from infer import LLM, SamplingParams
 from infer.engine.sampling_params import StructuredOutputsParams
+from infer.engine.structured import CompiledGrammar
 
 CASES = json.loads((Path(__file__).parents[1] / "unit" / "data" / "json_schemas.json").read_text())
 
@@ -126,6 +128,66 @@ def test_scheduled_ahead_constrained_steps_sample_what_synchronous_steps_do(
     for r in ahead[:2]:
         if r.outputs[0].finish_reason == "stop":
             json.loads(r.outputs[0].text)
+
+
+def test_constrained_requests_preempted_and_recomputed_keep_to_their_grammars(
+    smollm2_llm: Any,
+) -> None:
+    """In a pool too small for all of them, constrained requests are preempted mid-output
+    and recomputed (their matchers keep the tokens they had): each gives the output it gives
+    in a roomy pool, and it validates."""
+    cases = CASES[:6]
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=60,
+            structured_outputs=StructuredOutputsParams(json=c["schema"]),
+        )
+        for c in cases
+    ]
+    asks = [_ask(c["name"]) for c in cases]
+    roomy = smollm2_llm.chat(asks, params, use_tqdm=False)
+    tight = LLM(
+        "smollm2-135m", num_gpu_blocks=40, block_size=4, max_seq_len=160, admission_reserve=0.0
+    )
+    cramped = tight.chat(asks, params, use_tqdm=False)
+    assert tight.cache_stats()["preemptions"] >= 1
+    assert [r.outputs[0].token_ids for r in cramped] == [r.outputs[0].token_ids for r in roomy]
+    for case, result in zip(cases, cramped):
+        if result.outputs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(result.outputs[0].text), case["schema"])
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_matcher_that_fails_ends_its_request_with_the_error(
+    smollm2_llm: Any, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool
+) -> None:
+    """A mask beyond llguidance's limits gives only the end of sequence: the request ends
+    with the matcher's error (counted), not as a stop, and the request beside it goes on."""
+    tight = llguidance.LLParserLimits(step_lexer_fuel=1)  # enough until a string opens
+
+    def compiled(self: CompiledGrammar) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0, limits=tight)
+
+    monkeypatch.setattr(CompiledGrammar, "_compiled", compiled)
+    engine = smollm2_llm.engine
+    monkeypatch.setattr(engine.config, "use_async_scheduling", async_scheduling)
+    key = f"name_{async_scheduling}"  # a grammar new to the engine's cache: compiled tight
+    schema = {"type": "object", "properties": {key: {"type": "string"}}, "required": [key]}
+    params = [
+        SamplingParams(
+            temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(json=schema)
+        ),
+        SamplingParams(temperature=0.0, max_tokens=12),
+    ]
+    errors = engine.num_structured_output_errors
+    failed, free = smollm2_llm.generate(["A person in JSON:", "The sky is"], params, use_tqdm=False)
+    out = failed.outputs[0]
+    assert out.finish_reason == "error", out
+    assert (out.error or "").startswith("structured_outputs: the grammar's matcher failed: ")
+    assert out.text.startswith(f'{{"{key}"')  # what the grammar allowed until then
+    assert free.outputs[0].finish_reason == "length"
+    assert engine.num_structured_output_errors == errors + 1
 
 
 def test_cut_by_max_tokens_says_length(smollm2_llm: Any) -> None:

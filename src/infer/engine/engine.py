@@ -99,6 +99,7 @@ class Engine:
         self._seeds = random.Random(config.seed)
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.num_structured_output_errors = 0  # grammars' matchers that failed
         self.peak_utilization = 0.0
 
     # --- construction --------------------------------------------------------------------
@@ -215,6 +216,7 @@ class Engine:
                 deferred = self._launch_ahead(current, involved, outputs)
             result = self._collect(current)
             bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
+            outputs += self._end_failed_grammars()
             for new in self.scheduler.update(current.scheduled, result):
                 logprobs = [] if new.logprob is None else [new.logprob]
                 outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
@@ -312,6 +314,19 @@ class Engine:
         }
         requests = deferred.forwarded.requests
         return start_bitmask(requests, self.runner.vocab_size, self.device, pending)
+
+    def _end_failed_grammars(self) -> list[RequestOutput]:
+        """End the requests whose matcher failed in a fill done by now (every fill of a step
+        sampled so far) with its error, before ``update`` records their next token: it was
+        drawn from a mask that gave only the end of sequence."""
+        ended = []
+        for request in self.structured.take_failed():
+            self.num_structured_output_errors += 1
+            if not request.is_finished:
+                assert request.grammar is not None
+                request.finish("error", request.grammar.failure)
+                ended.append(self._output(request))
+        return ended
 
     def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
         """Queue a step on the device; its samples stay there until collected."""

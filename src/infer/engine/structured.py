@@ -19,6 +19,10 @@ dependencies.
   first consumes the request's output tokens it has not seen; a preempted request keeps its
   output tokens, so its matcher stays valid. Requests without a constraint cost nothing: no
   mask is built when no row has one.
+- A matcher that fails (a sampled token it cannot consume, a mask beyond llguidance's
+  limits) gives only the end of sequence as its mask; the fill finds it in its error state
+  and the engine ends the request with the error (``StructuredOutputs.take_failed``), so a
+  broken output never passes for a stop.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ LEXERS_PER_THREAD = 2
 # Grammars that keep their extra lexers (the most recently used; the others go back to
 # one): a lexer grows by ~0.17 MB of states over 60 steps of random strings.
 MAX_GRAMMARS_WITH_LEXERS = 16
+# The field a grammar's errors name, in the engine as in the API.
+GRAMMAR_FIELD = "structured_outputs"
 
 
 class GrammarError(ValueError):
@@ -176,13 +182,17 @@ class CompiledGrammar:
 
 class RequestGrammar:
     """One request's matcher: a copy of its grammar's compiled matcher, advanced over the
-    request's output tokens as they become known."""
+    request's output tokens as they become known. A matcher that fails (a token it cannot
+    consume, a mask it cannot compute) puts its request in ``failed`` once, for the engine
+    to end it with ``failure``."""
 
-    def __init__(self, compiled: Future[CompiledGrammar]) -> None:
+    def __init__(self, compiled: Future[CompiledGrammar], failed: deque[Request]) -> None:
         self._compiled = compiled
         self._matcher: LLMatcher | None = None
         self._lexer = 0  # which of its grammar's lexers the matcher shares
         self._consumed = 0  # output tokens the matcher has seen
+        self._failed = failed
+        self.failure: str | None = None  # why the matcher failed, once it has
 
     @property
     def ready(self) -> bool:
@@ -215,6 +225,18 @@ class RequestGrammar:
         self._consumed = count
         return catch_up
 
+    def fail(self, request: Request, matcher: LLMatcher) -> None:
+        """Record that the request's matcher is in llguidance's error state (found after a
+        fill, in its thread): its mask gave only the end of sequence, and the request must
+        end with the error, not as if it had stopped."""
+        if self.failure is not None:  # reported already; a later fill finds it again
+            return
+        error = matcher.get_error()
+        logger.warning("request %s: its grammar's matcher failed: %s", request.request_id, error)
+        detail = _one_line(error.split("<state>")[0])  # the state and grammar follow
+        self.failure = f"{GRAMMAR_FIELD}: the grammar's matcher failed: {detail}"
+        self._failed.append(request)
+
 
 @dataclass(slots=True)
 class CatchUp:
@@ -228,15 +250,12 @@ class CatchUp:
     tokens: list[int]
 
     def apply(self) -> None:
+        """A token the matcher cannot consume leaves it in its error state
+        (``RequestGrammar.fail``)."""
         if self.rollback:
             self.matcher.rollback(self.rollback)
-        if self.tokens and not self.matcher.consume_tokens(self.tokens):
-            _broken(self.matcher)
-
-
-def _broken(matcher: LLMatcher) -> None:
-    # Only the end of sequence is allowed from now on, so the request stops.
-    logger.warning("a sampled token broke its grammar: %s", matcher.get_error())
+        if self.tokens:
+            self.matcher.consume_tokens(self.tokens)
 
 
 class StructuredOutputs:
@@ -254,6 +273,8 @@ class StructuredOutputs:
         self._lltokenizer: LLTokenizer | None = None
         self._lock = threading.Lock()  # the tokenizer is made in the first compile
         self._executor: ThreadPoolExecutor | None = None
+        # Requests whose matcher failed, put there by the mask-filling thread.
+        self._failed: deque[Request] = deque()
 
     def attach(self, request: Request) -> None:
         """Give a constrained request its grammar (compiling, or from the cache); requests
@@ -262,8 +283,15 @@ class StructuredOutputs:
         if constraint is None:
             return
         if self.tokenizer is None:
-            raise ValueError("structured_outputs: this model has no tokenizer")
-        request.grammar = RequestGrammar(self._compile(constraint.compiled_grammar))
+            raise ValueError(f"{GRAMMAR_FIELD}: this model has no tokenizer")
+        request.grammar = RequestGrammar(self._compile(constraint.compiled_grammar), self._failed)
+
+    def take_failed(self) -> list[Request]:
+        """The requests whose matcher failed since the last call (``RequestGrammar.fail``)."""
+        failed = []
+        while self._failed:  # popped one by one: the filling thread may append meanwhile
+            failed.append(self._failed.popleft())
+        return failed
 
     def _compile(self, grammar: str) -> Future[CompiledGrammar]:
         if self._executor is None:
@@ -343,7 +371,7 @@ def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request |
         if error is None:
             return request
         waiting.remove(request)
-        request.finish("error", f"structured_outputs: the grammar failed to compile: {error}")
+        request.finish("error", f"{GRAMMAR_FIELD}: the grammar failed to compile: {error}")
         failed.append(request)
     return None
 
@@ -394,16 +422,14 @@ class Bitmask:
 
 def _catch_up(catch_ups: list[CatchUp]) -> None:
     """Bring the matchers to their requests' tokens (given in lexer order): the usual one
-    new token each in parallel (llguidance's threads), anything else one matcher at a time."""
+    new token each in parallel (llguidance's threads), anything else one matcher at a time.
+    A token a matcher cannot consume leaves it in its error state (``RequestGrammar.fail``)."""
     singles = [c for c in catch_ups if len(c.tokens) == 1 and not c.rollback]
     for c in catch_ups:
         if len(c.tokens) != 1 or c.rollback:
             c.apply()
     if singles:
-        consumed = _executor().consume_token_par([(c.matcher, c.tokens[0]) for c in singles])
-        for c, ok in zip(singles, consumed):
-            if not ok:
-                _broken(c.matcher)
+        _executor().consume_token_par([(c.matcher, c.tokens[0]) for c in singles])
 
 
 def start_bitmask(
@@ -442,6 +468,10 @@ def start_bitmask(
         else:
             matchers = [(catch_ups[k].matcher, k) for k in by_lexer]
             _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
+        for k in [k for k, c in enumerate(catch_ups) if c.matcher.is_error()]:
+            request = requests[rows[k]]
+            assert request.grammar is not None
+            request.grammar.fail(request, catch_ups[k].matcher)
         return time.perf_counter() - start
 
     return Bitmask(rows, bits, _filler().submit(fill))

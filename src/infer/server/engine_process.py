@@ -99,6 +99,9 @@ class ServedEngine(Protocol):
     def num_generated_tokens(self) -> int: ...
 
     @property
+    def num_structured_output_errors(self) -> int: ...
+
+    @property
     def scheduler(self) -> _Preemptions: ...
 
 
@@ -316,6 +319,7 @@ class _EngineLoop:
             preemptions=engine.scheduler.preemptions,
             prompt_tokens=engine.num_prompt_tokens,
             generation_tokens=engine.num_generated_tokens,
+            structured_output_errors=engine.num_structured_output_errors,
         )
         for api in self.apis:
             api.outbox.send(StepEvents(api.progress, api.finished, snapshot))

@@ -42,6 +42,7 @@ class EngineSnapshot:
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    structured_output_errors: int = 0
 
 
 # --- API process → engine process ----------------------------------------------------------

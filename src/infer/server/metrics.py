@@ -56,6 +56,12 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "infer_generation_tokens", "Tokens generated.", s.generation_tokens
         )
+        yield CounterMetricFamily(
+            "infer_structured_output_errors",
+            "Constrained sequences ended by an error of their grammar's matcher (a sampled "
+            "token it could not consume, a mask beyond llguidance's limits).",
+            s.structured_output_errors,
+        )
 
 
 class ServerMetrics:

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
+from infer.engine.structured import GRAMMAR_FIELD
 from infer.server.async_engine import (
     ENGINE_FAILED,
     AsyncEngine,
@@ -380,6 +381,8 @@ def _as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, EngineStoppedError):
         return unavailable(exc)
     logger.error("a sequence failed: %s", exc)
+    if str(exc).startswith(f"{GRAMMAR_FIELD}: "):  # its own grammar failed: it may be changed
+        return APIError.bad_request(exc)
     return internal_server_error()
 
 

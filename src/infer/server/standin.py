@@ -49,6 +49,7 @@ class StandInEngine:
         self.scheduler = _Counters()
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.num_structured_output_errors = 0  # it has no grammars
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
         self._next_step = 0.0

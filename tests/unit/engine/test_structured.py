@@ -49,7 +49,7 @@ def _request(params: SamplingParams, name: str = "r") -> Request:
 def _ready(matcher: Any = None) -> RequestGrammar:
     future: Future[Any] = Future()
     future.set_result(matcher)
-    return RequestGrammar(future)
+    return RequestGrammar(future, deque())
 
 
 def _caught_up(request: Request, output: list[int]) -> Any:
@@ -116,11 +116,11 @@ def test_matchers_follow_tokens_and_take_them_back(tokenizer: Tokenizer) -> None
 
 def test_waiting_requests_pass_one_whose_grammar_compiles() -> None:
     compiling = _request(SamplingParams(), "compiling")
-    compiling.grammar = RequestGrammar(Future())
+    compiling.grammar = RequestGrammar(Future(), deque())
     failed_future: Future[Any] = Future()
     failed_future.set_exception(ValueError("too complex"))
     broken = _request(SamplingParams(), "broken")
-    broken.grammar = RequestGrammar(failed_future)
+    broken.grammar = RequestGrammar(failed_future, deque())
     free = _request(SamplingParams(), "free")
     waiting, failed = deque([compiling, broken, free]), []
     assert next_admissible(waiting, failed) is free
@@ -214,6 +214,31 @@ def test_a_mask_started_before_its_token_is_recorded_is_the_mask_after_it(
     nxt, expected = start_bitmask([early], 49152, device), start_bitmask([late], 49152, device)
     assert nxt is not None and expected is not None
     assert torch.equal(nxt.result()[1], expected.result()[1])
+
+
+def test_a_token_its_grammar_forbids_fails_the_request_once(tokenizer: Tokenizer) -> None:
+    """A sampled token the matcher cannot consume leaves it in its error state: the fill
+    gives the row only the end of sequence and reports the request, once, for the engine to
+    end it with the matcher's error."""
+    grammars = StructuredOutputs(tokenizer, 49152)
+    request = _request(SamplingParams(structured_outputs=StructuredOutputsParams(choice=["yes"])))
+    grammars.attach(request)
+    forbidden = tokenizer.hf.encode("maybe", add_special_tokens=False)[0]
+    device = torch.device("cpu")
+    started = start_bitmask([request], 49152, device, pending={request.request_id: forbidden})
+    assert started is not None
+    _, bits = started.result()
+    allowed = bits[0].view(torch.uint8)[:, None] >> torch.arange(8, dtype=torch.uint8) & 1
+    assert set(allowed.flatten().nonzero().flatten().tolist()) == set(tokenizer.eos_token_ids)
+    assert grammars.take_failed() == [request]
+    assert request.grammar is not None and request.grammar.failure is not None
+    assert request.grammar.failure.startswith("structured_outputs: the grammar's matcher failed: ")
+    assert f'token "{tokenizer.decode([forbidden])}"' in request.grammar.failure
+    request.token_ids.append(forbidden)  # recorded meanwhile: the next fill finds it again
+    again = start_bitmask([request], 49152, device)
+    assert again is not None
+    again.result()
+    assert grammars.take_failed() == []
 
 
 def test_the_finer_slices_give_the_default_slices_masks(tokenizer: Tokenizer) -> None:

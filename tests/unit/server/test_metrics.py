@@ -74,3 +74,12 @@ def test_a_job_records_each_sequences_first_token_gaps_and_end() -> None:
     finished = metrics.registry.get_sample_value
     assert finished("infer_request_finished_total", {"finish_reason": "length"}) == 1
     assert finished("infer_request_finished_total", {"finish_reason": "stop"}) == 1
+
+
+def test_the_engines_counters_come_from_its_latest_snapshot() -> None:
+    snapshot = EngineSnapshot(preemptions=2, generation_tokens=40, structured_output_errors=1)
+    metrics = ServerMetrics(lambda: snapshot)
+    value = metrics.registry.get_sample_value
+    assert value("infer_num_preemptions_total") == 2
+    assert value("infer_generation_tokens_total") == 40
+    assert value("infer_structured_output_errors_total") == 1
