@@ -223,12 +223,6 @@ def test_bad_constraints_get_a_400_naming_the_field(
     assert error["message"].startswith(f"{param}: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sampler.py (being rewritten) draws a token its mask forbids where its uniform "
-    "noise rounds to 1.0 in float32 (Gumbel +inf; -inf + inf is NaN, which argmax takes); "
-    "this mark goes with that fix",
-)
 def test_fresh_grammars_and_forced_tool_calls_always_validate(
     url: str, client: openai.OpenAI
 ) -> None:
