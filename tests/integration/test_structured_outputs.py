@@ -185,7 +185,11 @@ def test_a_matcher_that_fails_ends_its_request_with_the_error(
     out = failed.outputs[0]
     assert out.finish_reason == "error", out
     assert (out.error or "").startswith("structured_outputs: the grammar's matcher failed: ")
-    assert out.text.startswith(f'{{"{key}"')  # what the grammar allowed until then
+    # What the grammar allowed until then; its last token may be missing: the request ends
+    # before or after that token is recorded, as the failing fill ends first or not.
+    opening = f'{{"{key}": "'
+    assert out.text.startswith('{"')
+    assert opening.startswith(out.text) or out.text.startswith(opening), out.text
     assert free.outputs[0].finish_reason == "length"
     assert engine.num_structured_output_errors == errors + 1
 
