@@ -4,7 +4,8 @@ which sorts for top-k).
 
     python benchmarks/bench_sampler.py [--rows 256,1] [--vocab 128256]
 
-Logits are float32 ``randn * scale``: a small scale is nearly flat (as dummy weights give),
+Logits are ``randn * scale`` in ``--dtype`` (the engine samples the LM head's output as it
+comes): a small scale is nearly flat (as dummy weights give),
 a large one peaked (as trained models give); the flat case is the hard one for top-k and the
 number of top-p rounds. Prints a table (microseconds a step, CUDA events, median of 50).
 """
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--rows", default="256,1")
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--scales", default="0.1,3")
+    parser.add_argument("--dtype", default="bfloat16", help="the logits' (the model's) dtype")
     args = parser.parse_args()
     lines = [
         "| rows | logits scale | setting | kernel µs | torch reference µs |",
@@ -72,6 +74,7 @@ def main() -> None:
         for scale in (float(s) for s in args.scales.split(",")):
             torch.manual_seed(0)
             logits = torch.randn(count, args.vocab, device="cuda") * scale
+            logits = logits.to(getattr(torch, args.dtype))
             greedy = _time_us(partial(logits.argmax, dim=-1))
             lines.append(f"| {count} | {scale:g} | greedy argmax | {greedy:.0f} | |")
             for name, setting in SETTINGS.items():

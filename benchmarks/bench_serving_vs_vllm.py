@@ -10,11 +10,16 @@ folder keeps what earlier ones wrote):
   elsewhere it only checks that the folder is complete.
 - ``infer``, ``vllm``: start the server on the folder (``--max-seq-len`` / ``--max-model-len``
   4096, GPU memory fraction 0.9, bf16), time start-up to ready (``GET /health`` = 200) and
-  note what its log says the time went into (``infer.bench.startup``), run ``vllm bench
-  serve`` once per workload (``infer.bench.vllm_bench``: ``completions`` and ``chat``, 256
-  prompts at once, input and output 128-384 tokens; ``burst256``, the same prompts with
-  every output 256 tokens long, offline ``burst256``'s shape; ``poisson``, 64 prompts at 6
-  req/s, input 1,024-2,048, output 64-256), stop the server.
+  note what its log says the time went into (``infer.bench.startup``), warm it with one
+  untimed run of the first workload on other prompts (a cold vLLM serves its first burst
+  at a fraction of its speed), run ``vllm bench serve`` once per workload
+  (``infer.bench.vllm_bench``: ``completions`` and ``chat``, 256 prompts at once, input and
+  output 128-384 tokens; ``burst256``, the same prompts with every output 256 tokens long,
+  offline ``burst256``'s shape; ``poisson``, 64 prompts at 6 req/s, input 1,024-2,048,
+  output 64-256) and sampling (``--samplings``: ``defaults``, the client's, which sends no
+  temperature, so both servers sample at 1.0, and ``greedy``), each run on prompts of its
+  own (none finds another's in the prefix cache) after ``--warmups`` requests of the
+  client's, stop the server.
 - ``report``: the table (printed last), ``summary.json`` and the scoreboard
   (``benchmarks/results/scoreboard.json``, or ``$INFER_SCOREBOARD``).
 
@@ -29,11 +34,11 @@ on its ``PYTHONPATH`` and ``VLLM_USE_FLASHINFER_SAMPLER=0`` (the carried build, 
         --phases infer --results-dir /tmp/svv
     ... --phases vllm,report --results-dir /tmp/svv
 
-Raw results: ``<results-dir>/<server>-<workload>.json`` (vLLM's own JSON, detailed),
-``<server>-startup.json``, ``<server>-serve.log`` / ``<server>-<workload>-client.log``
+Raw results: ``<results-dir>/<server>-<workload>-<sampling>.json`` (vLLM's own JSON, detailed),
+``<server>-startup.json``, ``<server>-serve.log`` / ``<server>-<run>-client.log``
 (lines stamped with seconds since launch), ``<server>-<workload>-client-cpu.json`` (the
 cores the client process kept busy while its timed requests ran: near 1.0 its one event
-loop was the limit),
+loop was the limit; ``<run>`` is ``<workload>-<sampling>``),
 ``summary.json``.
 """
 
@@ -48,6 +53,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +65,13 @@ from infer.bench.results import environment, results_dir, timestamp, write_json
 from infer.bench.scoreboard import update_many
 from infer.bench.startup import INFER_MARKERS, VLLM_MARKERS, LoggedProcess, find_markers
 from infer.bench.vllm_bench import (
+    SAMPLINGS,
     SERVERS,
     ServingWorkload,
     client_command,
     format_comparison,
     format_startup,
+    parse_samplings,
     parse_serving_workloads,
     read_bench,
     scoreboard_values,
@@ -73,6 +81,7 @@ from infer.bench.vllm_peer import VLLM_ENVIRONMENT
 
 PHASES = ("prepare", "infer", "vllm", "report")
 SERVED_NAME = "bench-model"
+WARM_UP_SEED = 1000  # the warm-up's prompts differ from every timed run's
 CLIENT_TIMEOUT_S = 240  # a run takes 10-40 s on a GPU; a stuck one must not eat the call
 
 
@@ -112,7 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument(
-        "--warmups", type=int, default=2, help="client warm-up requests per run (default: 2)"
+        "--warmups", type=int, default=32, help="client warm-up requests per run (default: 32)"
+    )
+    parser.add_argument(
+        "--samplings",
+        default="defaults,greedy",
+        help="comma-separated: defaults (the client's: no temperature sent), greedy",
     )
     parser.add_argument(
         "--startup-timeout", type=float, default=300.0, help="seconds (default: 300)"
@@ -173,7 +187,11 @@ def _check_vllm(site: str) -> None:
 
 
 def run_server_phase(
-    server: str, args: argparse.Namespace, folder: Path, workloads: list[ServingWorkload]
+    server: str,
+    args: argparse.Namespace,
+    folder: Path,
+    workloads: list[ServingWorkload],
+    samplings: list[str],
 ) -> bool:
     """Start ``server``, time it to ready, run every workload's client, stop it; False if
     anything failed (what did is in the logs and the startup JSON)."""
@@ -190,8 +208,12 @@ def run_server_phase(
     try:
         startup["ready_s"] = round(logged.wait_ready(url, args.startup_timeout), 2)
         print(f"{server}: ready after {startup['ready_s']:.1f} s", flush=True)
-        for workload in workloads:
-            ok = _run_client(server, workload, args, folder, url, vllm_env) and ok
+        warm_up = _Run(workloads[0], samplings[0], WARM_UP_SEED, "warm-up")
+        ok = _run_client(server, warm_up, args, folder, url, vllm_env)
+        runs = [(w, s) for w in workloads for s in samplings]
+        for seed, (workload, sampling) in enumerate(runs, start=1):
+            run = _Run(workload, sampling, seed, f"{workload.name}-{sampling}")
+            ok = _run_client(server, run, args, folder, url, vllm_env) and ok
     except RuntimeError as exc:
         print(f"!!! {server}: {exc}", flush=True)
         ok = False
@@ -203,21 +225,33 @@ def run_server_phase(
     return ok
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One client run: a workload, a sampling, its prompts' seed and its files' name."""
+
+    workload: ServingWorkload
+    sampling: str
+    seed: int
+    name: str
+
+
 def _run_client(
     server: str,
-    workload: ServingWorkload,
+    run: _Run,
     args: argparse.Namespace,
     folder: Path,
     url: str,
     env: dict[str, str],
 ) -> bool:
-    result = args.results_dir / f"{server}-{workload.name}.json"
+    workload = run.workload
+    result = args.results_dir / f"{server}-{run.name}.json"
     result.unlink(missing_ok=True)
     command = client_command(
-        sys.executable, workload, url, str(folder), SERVED_NAME, result, args.warmups
-    )
-    log = args.results_dir / f"{server}-{workload.name}-client.log"
-    print(f"--- {server} {workload.name}: {workload.description}", flush=True)
+        sys.executable, workload, url, str(folder), SERVED_NAME, result, args.warmups,
+        run.seed, run.sampling,
+    )  # fmt: skip
+    log = args.results_dir / f"{server}-{run.name}-client.log"
+    print(f"--- {server} {run.name}: {workload.description}, sampling {run.sampling}", flush=True)
     started = time.monotonic()
     client = LoggedProcess.start(command, log, env)
     sampler = CpuSampler(client.process.pid).start()
@@ -228,14 +262,14 @@ def _run_client(
     sampler.stop()
     client.stop()
     client_cpu = _client_cpu(client, sampler)
-    write_json(client_cpu, args.results_dir / f"{server}-{workload.name}-client-cpu.json")
+    write_json(client_cpu, args.results_dir / f"{server}-{run.name}-client-cpu.json")
     if code != 0 or not result.exists():
         tail = log.read_text().splitlines()[-15:]
-        print(f"!!! {server} {workload.name}: client exit {code}:\n" + "\n".join(tail), flush=True)
+        print(f"!!! {server} {run.name}: client exit {code}:\n" + "\n".join(tail), flush=True)
         return False
-    row = summarize_bench(read_bench(result), workload, server)
+    row = summarize_bench(read_bench(result), workload, server, run.sampling)
     print(
-        f"{server} {workload.name}: {row['output_tok_s']:,.1f} output tok/s, TTFT p50 "
+        f"{server} {run.name}: {row['output_tok_s']:,.1f} output tok/s, TTFT p50 "
         f"{row['ttft_ms']['p50']} ms, ITL p50 {row['itl_ms']['p50']} ms, "
         f"{row['completed']}/{row['num_prompts']} ok ({time.monotonic() - started:.0f} s), "
         f"client CPU while the requests ran: {client_cpu['run_cores']} cores",
@@ -265,14 +299,17 @@ def _client_cpu(client: LoggedProcess, sampler: CpuSampler) -> dict[str, float |
     }
 
 
-def report(args: argparse.Namespace, workloads: list[ServingWorkload]) -> None:
+def report(
+    args: argparse.Namespace, workloads: list[ServingWorkload], samplings: list[str]
+) -> None:
     """Startup and comparison tables (the comparison last), ``summary.json``, scoreboard."""
     out: Path = args.results_dir
     rows = [
-        summarize_bench(read_bench(path), workload, server)
+        summarize_bench(read_bench(path), workload, server, sampling)
         for workload in workloads
+        for sampling in samplings
         for server in SERVERS
-        if (path := out / f"{server}-{workload.name}.json").exists()
+        if (path := out / f"{server}-{workload.name}-{sampling}.json").exists()
     ]
     startups = [
         json.loads(path.read_text())
@@ -284,6 +321,8 @@ def report(args: argparse.Namespace, workloads: list[ServingWorkload]) -> None:
         "preset": args.preset,
         "weights": args.weights,
         "workloads": {w.name: w.description for w in workloads},
+        "samplings": {s: shlex.join(SAMPLINGS[s]) or "(nothing sent)" for s in samplings},
+        "client_warmups": args.warmups,
         "startup": startups,
         "rows": rows,
         **environment(),
@@ -306,6 +345,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"phases: unknown {unknown}; choose from {', '.join(PHASES)}")
     workloads = parse_serving_workloads(args.workloads)
+    samplings = parse_samplings(args.samplings)
     folder = args.checkpoint or Path(".cache") / f"ckpt-{args.preset}"
     args.results_dir = args.results_dir or results_dir() / f"serving-vs-vllm-{args.preset}"
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -318,12 +358,12 @@ def main() -> int:
             write_checkpoint(folder, args.preset, args.weights)
             print(f"checkpoint ready: {sorted(p.name for p in folder.iterdir())}", flush=True)
         elif phase == "report":
-            report(args, workloads)
+            report(args, workloads, samplings)
         else:
             if not is_complete(folder, args.weights):
                 raise SystemExit(f"{folder}: incomplete checkpoint; run --phases prepare first")
             _check_vllm(args.vllm_site)
-            ok = run_server_phase(phase, args, folder.resolve(), workloads) and ok
+            ok = run_server_phase(phase, args, folder.resolve(), workloads, samplings) and ok
     return 0 if ok else 1
 
 

@@ -107,7 +107,7 @@ def _run_client(
     result = out / f"client-{run}.json"
     command = client_command(
         sys.executable, SERVING_WORKLOADS[workload], f"http://127.0.0.1:{port}", CHECKPOINT,
-        SERVED, result, 2, seed,
+        SERVED, result, 2, seed, "greedy",
     )  # fmt: skip
     with (out / f"client-{run}.log").open("w") as log:
         subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)

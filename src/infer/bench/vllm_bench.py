@@ -99,6 +99,23 @@ SERVING_WORKLOADS = {
 }
 
 
+# What each run sends about sampling: the client's defaults (vLLM's client sends no
+# ``temperature``, so each server samples at its default, 1.0: what users of the client get)
+# or greedy.
+SAMPLINGS = {"defaults": [], "greedy": ["--temperature", "0"]}
+
+
+def parse_samplings(value: str) -> list[str]:
+    """``"defaults,greedy"`` → the names, each checked."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in SAMPLINGS]
+    if unknown or not names:
+        raise ValueError(
+            f"samplings: unknown {unknown or value!r}; choose from {', '.join(SAMPLINGS)}"
+        )
+    return names
+
+
 def parse_serving_workloads(value: str) -> list[ServingWorkload]:
     """``"completions,chat"`` → the workloads, each checked."""
     names = [v.strip() for v in value.split(",") if v.strip()]
@@ -119,9 +136,11 @@ def client_command(
     result_path: Path,
     warmups: int = 2,
     seed: int = 0,
+    sampling: str = "defaults",
 ) -> list[str]:
-    """``vllm bench serve`` for ``workload`` against ``base_url``: greedy, EOS ignored, TTFT /
-    TPOT / ITL / E2E at the 50th, 90th and 99th percentiles, detailed JSON to ``result_path``."""
+    """``vllm bench serve`` for ``workload`` against ``base_url``: ``sampling`` (a name of
+    ``SAMPLINGS``), EOS ignored, TTFT / TPOT / ITL / E2E at the 50th, 90th and 99th
+    percentiles, detailed JSON to ``result_path``."""
     return [
         python,
         "-m",
@@ -153,8 +172,7 @@ def client_command(
         "--request-rate",
         workload.request_rate,
         "--ignore-eos",
-        "--temperature",
-        "0",
+        *SAMPLINGS[sampling],
         "--seed",
         str(seed),
         "--num-warmups",
@@ -174,7 +192,7 @@ def client_command(
 
 
 def summarize_bench(
-    result: dict[str, Any], workload: ServingWorkload, server: str
+    result: dict[str, Any], workload: ServingWorkload, server: str, sampling: str
 ) -> dict[str, Any]:
     """One table row from a ``vllm bench serve`` result: output tok/s (the client's
     ``output_throughput``), TTFT, ITL and TPOT percentiles in ms (``{p50, p90, p99, mean}``)."""
@@ -182,6 +200,7 @@ def summarize_bench(
     row: dict[str, Any] = {
         "server": server,
         "workload": workload.name,
+        "sampling": sampling,
         "model": result.get("model_id"),
         "num_prompts": result.get("num_prompts"),
         "completed": result.get("completed", 0),
@@ -247,20 +266,22 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
     output tok/s (> 1: infer is faster) and vLLM ÷ infer for the latencies (> 1: infer's are
     lower)."""
     lines = [
-        "| workload | server | output tok/s | TTFT p50 / p99 ms | ITL p50 / p90 / p99 ms "
-        "| TPOT p50 ms | ok | tok/s infer ÷ vLLM | TTFT p50 / TPOT p50 vLLM ÷ infer |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| workload | sampling | server | output tok/s | TTFT p50 / p99 ms "
+        "| ITL p50 / p90 / p99 ms | TPOT p50 ms | ok | tok/s infer ÷ vLLM "
+        "| TTFT p50 / TPOT p50 vLLM ÷ infer |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    by_workload: dict[str, dict[str, dict[str, Any]]] = {}
+    by_run: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
-        by_workload.setdefault(row["workload"], {})[row["server"]] = row
-    for workload, servers in by_workload.items():
+        by_run.setdefault((row["workload"], row["sampling"]), {})[row["server"]] = row
+    for (workload, sampling), servers in by_run.items():
         for server in sorted(servers, key=lambda s: SERVERS.index(s) if s in SERVERS else 9):
             row = servers[server]
             peer = servers.get("vllm") if server == "infer" else None
             ttft, itl, tpot = row["ttft_ms"], row["itl_ms"], row["tpot_ms"]
             cells = [
                 workload,
+                sampling,
                 server,
                 f"{row['output_tok_s']:,.1f}",
                 f"{_ms(ttft, 'p50')} / {_ms(ttft, 'p99')}",
@@ -300,16 +321,18 @@ def format_startup(startups: list[dict[str, Any]]) -> str:
 def scoreboard_values(
     model: str, rows: list[dict[str, Any]], startups: list[dict[str, Any]]
 ) -> dict[str, tuple[float, str]]:
-    """The headline figures of a comparison, named ``serving/<model>/<workload>/<server>/...``
-    (and ``.../infer_vs_vllm`` for the throughput ratio, ``serving/<model>/<server>/startup_s``)."""
+    """The headline figures of a comparison, named
+    ``serving/<model>/<workload>/<sampling>/<server>/...`` (and ``.../infer_vs_vllm`` for the
+    throughput ratio, ``serving/<model>/<server>/startup_s``)."""
     values: dict[str, tuple[float, str]] = {}
     throughput: dict[tuple[str, str], float] = {}
     for row in rows:
         if row["failed"] or not row["completed"]:
             continue
-        prefix = f"serving/{model}/{row['workload']}/{row['server']}"
+        run = f"{row['workload']}/{row['sampling']}"
+        prefix = f"serving/{model}/{run}/{row['server']}"
         values[f"{prefix}/output_tok_s"] = (row["output_tok_s"], "tok/s")
-        throughput[row["workload"], row["server"]] = row["output_tok_s"]
+        throughput[run, row["server"]] = row["output_tok_s"]
         for metric, stats in (("ttft", ("p50", "p99")), ("itl", ("p50", "p90", "p99"))):
             for stat in stats:
                 value = row[f"{metric}_ms"].get(stat)
@@ -317,10 +340,10 @@ def scoreboard_values(
                     values[f"{prefix}/{metric}_{stat}_ms"] = (float(value), "ms")
         if row["tpot_ms"].get("p50") is not None:
             values[f"{prefix}/tpot_p50_ms"] = (float(row["tpot_ms"]["p50"]), "ms")
-    for workload in {w for w, _ in throughput}:
-        infer, vllm = throughput.get((workload, "infer")), throughput.get((workload, "vllm"))
+    for run in {r for r, _ in throughput}:
+        infer, vllm = throughput.get((run, "infer")), throughput.get((run, "vllm"))
         if infer and vllm:
-            values[f"serving/{model}/{workload}/infer_vs_vllm"] = (infer / vllm, "x")
+            values[f"serving/{model}/{run}/infer_vs_vllm"] = (infer / vllm, "x")
     for entry in startups:
         if entry.get("ready_s") is not None:
             values[f"serving/{model}/{entry['server']}/startup_s"] = (entry["ready_s"], "s")

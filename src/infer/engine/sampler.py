@@ -228,11 +228,11 @@ def greedy(
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """Pick one token per row of ``logits [B, V]`` (float32; changed in place unless
-    logprobs are asked for, which are those of the logits as given)."""
+    """Pick one token per row of ``logits [B, V]`` (float32 logits are changed in place
+    unless logprobs are asked for, which are those of the logits as given)."""
     raw = logits
-    if batch.changes_logits and batch.num_logprobs is not None:
-        logits = logits.clone()
+    if batch.changes_logits:
+        logits = logits.to(torch.float32, copy=batch.num_logprobs is not None)
     if batch.bias is not None:
         batch.bias.apply_(logits)
     if batch.banned is not None:
@@ -246,6 +246,7 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
 def _with_logprobs(raw: Tensor, tokens: Tensor, num_logprobs: int | None) -> SamplerOutput:
     if num_logprobs is None:
         return SamplerOutput(tokens)
+    raw = raw.float()
     normaliser = raw.logsumexp(dim=-1, keepdim=True)
     chosen = (raw.gather(1, tokens[:, None]) - normaliser)[:, 0]
     if num_logprobs == 0:

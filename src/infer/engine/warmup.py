@@ -39,14 +39,15 @@ def warm_up_kernels(
         batches.append([sequence(SHORT_PREFILL_LEN, 2)])
     for batch in batches:
         input_ids, meta = build_metadata(batch, block_size, device)
-        model.compute_logits(model(input_ids, meta)).argmax(-1)
-    _warm_up_sampler(model.config.vocab_size, device)
+        logits = model.compute_logits(model(input_ids, meta))
+        logits.argmax(-1)
+    _warm_up_sampler(model.config.vocab_size, device, {logits.dtype, torch.float32})
     torch.cuda.synchronize(device)
 
 
-def _warm_up_sampler(vocab_size: int, device: torch.device) -> None:
-    """The sampling kernel's variants: with and without top-p, with and without a mask."""
-    logits = torch.zeros(1, vocab_size, device=device)
+def _warm_up_sampler(vocab_size: int, device: torch.device, dtypes: set[torch.dtype]) -> None:
+    """The sampling kernel's variants: with and without top-p, with and without a mask, for
+    logits as the model computes them and widened (where the sampler changes them)."""
     words = (vocab_size + 31) // 32
     every_token = torch.full((1, words), -1, dtype=torch.int32, device=device)
     mask = TokenMask(every_token, torch.zeros(1, dtype=torch.int32, device=device))
@@ -56,5 +57,5 @@ def _warm_up_sampler(vocab_size: int, device: torch.device) -> None:
         rows = RowSettings(
             ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
         )
-        for masked in (None, mask):
-            sample_filtered(logits, rows, masked)
+        for masked, dtype in itertools.product((None, mask), dtypes):
+            sample_filtered(torch.zeros(1, vocab_size, dtype=dtype, device=device), rows, masked)

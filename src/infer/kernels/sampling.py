@@ -79,12 +79,17 @@ def row_hash(seeds: Tensor, steps: Tensor) -> Tensor:
     return mix32(mix32(low ^ mix32(high)) ^ (steps & MASK32))
 
 
+def round_key(hashes: Tensor, round_: int) -> Tensor:
+    """Each row's key for one rejection round: an element's noise is one ``mix32`` of the key
+    and its index, so the per-element work is a single hash."""
+    return mix32((hashes + round_ * ROUND_STRIDE) & MASK32)
+
+
 def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int, round_: int = 0) -> Tensor:
     """``[B, V]`` uniform (0, 1) values determined by each row's ``(seed, step)`` and the
     rejection round."""
     index = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = mix32(row_hash(seeds, steps)[:, None] ^ index[None, :])
-    bits = mix32((bits + round_ * ROUND_STRIDE) & MASK32)
+    bits = mix32(round_key(row_hash(seeds, steps), round_)[:, None] ^ index[None, :])
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: never rounds to 1
 
 

@@ -1,7 +1,8 @@
 """Triton kernel of ``sampling.sample_filtered``: one program per row makes a few passes over
-the row's logits (a max for min-p and top-k, a few counting passes for top-k's threshold, one
-Gumbel-max draw, one more per rejected top-p draw), so sampling reads the logits a handful of
-times and writes nothing but the row's token."""
+the row's logits (a max for min-p and top-k, which also finds top-k's threshold from each
+lane's four largest values; counting passes only where a lane hid more; one Gumbel-max draw;
+one more per rejected top-p draw), so sampling reads the logits a few times and writes
+nothing but the row's token."""
 
 from __future__ import annotations
 
@@ -75,18 +76,22 @@ def _ln(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _gumbel(row_hash, offs, round_offset, FAST_LOG: tl.constexpr):
-    """The Gumbel noise of ``sampling.gumbel_noise`` for a block of vocabulary indices."""
-    x = row_hash ^ offs.to(tl.uint32)
-    for i in tl.static_range(2):  # mix32 twice (inlined), the round's offset between them
-        if i == 1:
-            x = x + round_offset
-        x = ((x >> 16) ^ x) * _MULTIPLIER
-        x = ((x >> 16) ^ x) * _MULTIPLIER
-        x = (x >> 16) ^ x
+def _gumbel(key, offs, FAST_LOG: tl.constexpr):
+    """The Gumbel noise of ``sampling.gumbel_noise`` for a block of vocabulary indices, from
+    the round's ``key`` (``sampling.round_key``)."""
+    x = _mix32(key ^ offs.to(tl.uint32))
     uniform = ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
     exponential = tl.maximum(-_ln(uniform, FAST_LOG), _SMALLEST_EXPONENTIAL)
     return -_ln(exponential, FAST_LOG)
+
+
+@triton.jit
+def _insert(a, b, c, d, z):
+    """Each lane's four largest values so far (``a >= b >= c >= d``) with ``z`` offered."""
+    a, z = tl.maximum(a, z), tl.minimum(a, z)
+    b, z = tl.maximum(b, z), tl.minimum(b, z)
+    c, z = tl.maximum(c, z), tl.minimum(c, z)
+    return a, b, c, tl.maximum(d, z)
 
 
 # Every pass keeps per-lane accumulators and reduces them once at its end: a reduction in
@@ -114,35 +119,47 @@ def _sample_kernel(
     high = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     row_hash = _mix32(_mix32(low ^ _mix32(high)) ^ (step & 0xFFFFFFFF).to(tl.uint32))
 
-    # min-p and top-k need the row's largest (and smallest) z first.
+    # min-p and top-k need the row's largest (and smallest) z first; top-k, each lane's four
+    # largest: the k-th largest of those is the row's k-th largest unless a lane holds more
+    # than four values above it, which its fourth largest tells.
     k = tl.where(noisy, tl.load(top_k_ptr + row).to(tl.int32), vocab)
     min_p = tl.where(noisy, tl.load(min_p_ptr + row), 0.0)
     top = tl.full([], -float("inf"), tl.float32)
     least = tl.full([], float("inf"), tl.float32)
     lane_kth = tl.full([], -float("inf"), tl.float32)
+    exact_kth = tl.full([], False, tl.int1)
     if (min_p > 0) | (k < vocab):
         tops = tl.full([BLOCK], -float("inf"), tl.float32)
+        seconds = tl.full([BLOCK], -float("inf"), tl.float32)
+        thirds = tl.full([BLOCK], -float("inf"), tl.float32)
+        fourths = tl.full([BLOCK], -float("inf"), tl.float32)
         leasts = tl.full([BLOCK], float("inf"), tl.float32)
         for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
             _, z = _load_scaled(
                 row_ptr, mask_ptr, mask_row, words, start, vocab, inverse_t, BLOCK, HAS_MASK
             )
-            tops = tl.maximum(tops, z)
+            tops, seconds, thirds, fourths = _insert(tops, seconds, thirds, fourths, z)
             leasts = tl.minimum(leasts, tl.where(z > -float("inf"), z, float("inf")))
         top = tl.max(tops, 0)
         least = tl.min(leasts, 0)
-        if (k < vocab) & (k <= BLOCK):
-            # The k-th largest lane maximum is at most the k-th largest z: a lower bound.
-            lane_kth = _at(tl.sort(tops, descending=True), k - 1)
+        if (k < vocab) & (k <= 4 * BLOCK):
+            lanes = tl.reshape(
+                tl.join(tl.join(tops, seconds), tl.join(thirds, fourths)), [4 * BLOCK]
+            )
+            lane_kth = _at(tl.sort(lanes, descending=True), k - 1)
+            exact_kth = tl.max(fourths, 0) <= lane_kth
     threshold = tl.full([], -float("inf"), tl.float32)  # the lowest z kept
     if min_p > 0:
         threshold = top + tl.log(min_p)
 
-    if k < vocab:
-        # top-k: a threshold t with {z >= t} = {z >= the k-th largest z}. Each pass counts
-        # the z at or above PIVOTS points spread over the band [lo, hi] that holds the k-th
-        # largest, narrows the band to the two points around it, snaps it to the z inside
-        # it, and stops when exactly k are kept or one value is left in the band.
+    if (k < vocab) & exact_kth:
+        threshold = tl.maximum(threshold, lane_kth)
+    elif k < vocab:
+        # top-k where a lane hid values: a threshold t with {z >= t} = {z >= the k-th
+        # largest z}. Each pass counts the z at or above PIVOTS points spread over the band
+        # [lo, hi] that holds the k-th largest, narrows the band to the two points around
+        # it, snaps it to the z inside it, and stops when exactly k are kept or one value
+        # is left in the band.
         lo = tl.maximum(tl.maximum(least, threshold), lane_kth)
         hi = top
         hi_inclusive = tl.full([], True, tl.int1)
@@ -200,14 +217,14 @@ def _sample_kernel(
         tops = tl.full([BLOCK], -float("inf"), tl.float32)
         totals = tl.zeros([BLOCK], dtype=tl.float32)
         aboves = tl.zeros([BLOCK], dtype=tl.float32)
-        offset = round_.to(tl.uint32) * _ROUND_STRIDE
+        key = _mix32(row_hash + round_.to(tl.uint32) * _ROUND_STRIDE)
         for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
             offs, z = _load_scaled(
                 row_ptr, mask_ptr, mask_row, words, start, vocab, inverse_t, BLOCK, HAS_MASK
             )
             kept = (z > -float("inf")) & (z >= threshold)
             candidate = kept & (z > chosen)
-            noise = tl.where(noisy, _gumbel(row_hash, offs, offset, FAST_LOG), 0.0)
+            noise = tl.where(noisy, _gumbel(key, offs, FAST_LOG), 0.0)
             score = tl.where(candidate, z + noise, -float("inf"))
             better = score > bests
             bests = tl.where(better, score, bests)

@@ -236,8 +236,10 @@ class DecoderModel(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """Logits ``[T, vocab]`` in float32 (on every rank: the LM head gathers them)."""
-        return self.lm_head(hidden).float()
+        """Logits ``[T, vocab]`` in the model's dtype, as the LM head's matmul rounds them
+        (on every rank: the LM head gathers them); the sampler widens them only where it
+        changes them or reports logprobs, so a step's sampling reads half the bytes."""
+        return self.lm_head(hidden)
 
     def bind_kv_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
         """Point each layer at its slice of the pool ``[layers, blocks, Hkv, BS, D]``."""

@@ -199,3 +199,33 @@ def test_the_triton_kernel_draws_the_reference_tokens() -> None:
     mask = TokenMask(bits, torch.tensor([-1] * 6 + [0, 1] * 3, dtype=torch.int32))
     expected = sample_filtered_torch(logits, rows, mask)
     assert torch.equal(sample_filtered_triton(logits, rows, mask), expected)
+
+
+def test_top_k_counts_again_when_one_lane_holds_more_than_four_of_the_largest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lane of the kernel keeps its four largest values; where one lane holds more of the
+    row's largest (here every 64th token, with blocks of 64), the kernel's counting passes
+    must find the k-th largest instead (under TRITON_INTERPRET on a CPU)."""
+    import infer.kernels.sampling_triton as kernel
+
+    monkeypatch.setattr(kernel, "_MAX_BLOCK", 64)
+    torch.manual_seed(5)
+    vocab, count = 600, 6
+    logits = torch.randn(count, vocab)
+    logits[:, ::64] += 8.0  # ten large values, all in lane 0
+    logits[1, 128] = logits[1, 64]  # a tie at the k-th largest
+    rows = RowSettings(
+        temperature=torch.ones(count),
+        top_k=torch.tensor([3, 6, 9, 12, 40, 7]),
+        top_p=torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.8]),
+        min_p=torch.zeros(count),
+        seeds=torch.arange(count, dtype=torch.int64),
+        steps=torch.zeros(count, dtype=torch.int64),
+        use_top_k=True,
+        use_top_p=True,
+    )
+    for step in range(4):
+        rows.steps.fill_(step)
+        expected = sample_filtered_torch(logits, rows, None)
+        assert torch.equal(sample_filtered_triton(logits, rows, None), expected)
