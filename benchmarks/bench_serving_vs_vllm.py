@@ -165,7 +165,7 @@ def _server_command(server: str, args: argparse.Namespace, folder: Path, port: i
     common += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if server == "infer":
         return [
-            sys.executable, "-m", "infer.server", "--model", str(folder),
+            sys.executable, "-m", "infer.cli", "serve", "--model", str(folder),
             "--max-seq-len", str(args.max_seq_len), *common, *shlex.split(args.infer_args),
         ]  # fmt: skip
     return [

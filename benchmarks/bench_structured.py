@@ -22,9 +22,9 @@ from typing import Any
 
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
-from infer.bench.workloads import make_workload
 from infer.engine import structured
 from infer.engine.sampling_params import StructuredOutputsParams
+from infer.workloads import make_workload
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

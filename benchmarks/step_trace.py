@@ -168,7 +168,7 @@ def trace_workload(args: argparse.Namespace) -> None:
     """Run ``args.workload`` on dummy weights through ``run_infer`` with the engine traced."""
     from infer import LLM
     from infer.bench.offline import run_infer
-    from infer.bench.workloads import make_workload
+    from infer.workloads import make_workload
 
     llm = LLM(args.model, load_format="dummy", use_prefix_caching=not args.no_prefix_caching)
     vocab = llm.engine.model_config.vocab_size

@@ -11,14 +11,15 @@ import logging
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
 BatchingMode = Literal["static", "continuous"]
 KVCacheBackend = Literal["contiguous", "paged"]
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES = ("float32", "float16", "bfloat16")  # torch's names
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 logger = logging.getLogger(__name__)
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's ``text_config`` lists
@@ -386,7 +387,7 @@ class EngineConfig:
                 f"CUDA graphs need a CUDA device, got {self.resolved_device}",
             )
         if self.device is not None and self.device.startswith("cuda"):
-            _check(torch.cuda.is_available(), "device", "CUDA was requested but is not available")
+            _check(_cuda_available(), "device", "CUDA was requested but is not available")
         if self.tensor_parallel_size > 1 and self.resolved_device.type == "cuda":
             _check(
                 self.resolved_device.index in (None, 0),
@@ -397,14 +398,19 @@ class EngineConfig:
     # Resolved values (the machine's choices for the ``None`` fields).
     @property
     def resolved_device(self) -> torch.device:
+        import torch
+
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype is not None:
-            return _DTYPES[self.dtype]
+            dtype: torch.dtype = getattr(torch, self.dtype)
+            return dtype
         return torch.bfloat16 if self.resolved_device.type == "cuda" else torch.float32
 
     @property
@@ -442,3 +448,11 @@ class EngineConfig:
 def _check(ok: bool, flag: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{flag}: {message}")
+
+
+def _cuda_available() -> bool:
+    # torch is imported where a config is checked, not where ``infer`` is: a client that
+    # only builds requests never loads it.
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""``python -m infer.server`` as a real process: flags, API key, request timeout, a killed
+"""``infer serve`` as a real process: flags, API key, request timeout, a killed
 engine, and a graceful SIGTERM (the last test of the module: it ends the shared server)."""
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from transformers.generation.continuous_batching.utils import WorkloadHints
 from transformers.generation.streamers import BaseStreamer
 
 from infer.bench.metrics import RequestMetrics, RunResult
-from infer.bench.workloads import Workload
 from infer.loader import resolve_model
+from infer.workloads import Workload
 
 CONTINUOUS_ATTENTION = "paged|sdpa"
 SEQUENTIAL_ATTENTION = "sdpa"

@@ -27,7 +27,7 @@ import httpx
 from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
-from infer.bench.workloads import RequestSpec, Workload
+from infer.workloads import RequestSpec, Workload
 
 WORKER_START_TIMEOUT_S = 300.0
 

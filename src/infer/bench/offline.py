@@ -20,9 +20,9 @@ from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult
 from infer.bench.sampling import GREEDY, BenchSampling
-from infer.bench.workloads import RequestSpec, Workload
 from infer.engine.engine import Engine
 from infer.heap import frozen_heap
+from infer.workloads import RequestSpec, Workload
 
 
 class SteppedEngine(Protocol):

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from infer.bench.workloads import Workload
 from infer.config import ModelConfig
+from infer.workloads import Workload
 
 
 def measure_ceilings(

@@ -1,7 +1,7 @@
 """The vLLM peer: the same model and workload through vLLM's offline engine (``--engine vllm``).
 
 vLLM is imported here only, and only when a run asks for it (``import_vllm``). The requests
-are the harness's own (``infer.bench.workloads``: token-id prompts, the run's sampling
+are the harness's own (``infer.workloads``: token-id prompts, the run's sampling
 settings (``infer.bench.sampling``, greedy by default), EOS ignored, so
 every request produces exactly its output length); a shape preset becomes a folder with its
 ``config.json`` that vLLM loads with ``load_format="dummy"`` (random weights at the real
@@ -29,10 +29,10 @@ from typing import Any
 from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
 from infer.bench.offline import check_fits, drive
 from infer.bench.sampling import GREEDY, BenchSampling
-from infer.bench.workloads import RequestSpec, Workload
 from infer.config import EngineConfig
 from infer.loader import resolve_model
 from infer.tokenizer import cache_dir
+from infer.workloads import RequestSpec, Workload
 
 # The carried build has no flashinfer. The engine core runs in this process: the harness
 # has touched CUDA before vLLM starts, and a forked engine core cannot use it ("Cannot

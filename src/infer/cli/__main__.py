@@ -4,4 +4,5 @@ import sys
 
 from infer.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned process (the server's engine) imports this module too
+    sys.exit(main())

@@ -10,7 +10,7 @@
   running server over HTTP and times it from the client.
 - ``infer bench table FILE...``: the markdown table of saved results.
 
-Workloads (``--workload a,b`` runs several): see ``infer.bench.workloads``.
+Workloads (``--workload a,b`` runs several): see ``infer.workloads``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 from infer.bench.metrics import RunResult
 from infer.bench.sampling import BenchSampling, add_sampling_args, run_name, samplings_from_args
-from infer.bench.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import EngineConfig
+from infer.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,2 @@
-"""Tensor parallelism: the ranks' process group, column/row-parallel layers, rank workers."""
+"""Tensor parallelism's process group and collectives (the parallel layers live with the
+models, the rank workers with the engine)."""

@@ -30,7 +30,7 @@ from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
 
 if TYPE_CHECKING:
-    from infer.distributed.worker import Workers
+    from infer.engine.tp_worker import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Engine:
         group = SINGLE
         if config.tensor_parallel_size > 1:
             check_tensor_parallel(self.model_config, config.tensor_parallel_size)
-            from infer.distributed.worker import start_workers  # tp=1 starts no process group
+            from infer.engine.tp_worker import start_workers  # tp=1 starts no process group
 
             self.workers, group = start_workers(config)
         try:

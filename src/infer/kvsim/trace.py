@@ -19,7 +19,7 @@ integers):
 
 The seeds' benchmark workloads (``baseline``, ``continuous_batching``, ``paged_attention``,
 ``chunked_prefill``, ``prefix_caching``, ``burst256``, ``single``) are the benchmark's own
-(``infer.bench.workloads``), prompt token ids included, so shared prefixes are shared here
+(``infer.workloads``), prompt token ids included, so shared prefixes are shared here
 exactly as in the engine; sequential ones (``baseline``, ``single``) send each request when
 the previous one has finished.
 
@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infer.bench.workloads import WORKLOADS as BENCH_WORKLOADS
-from infer.bench.workloads import make_workload
+from infer.workloads import WORKLOADS as BENCH_WORKLOADS
+from infer.workloads import make_workload
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from tqdm import tqdm
 
 from infer.config import ModelConfig
 from infer.distributed.group import SINGLE, ParallelGroup
-from infer.distributed.parallel_layers import CheckpointTensor
 from infer.loader.dummy import fill_dummy_weights
 from infer.loader.gguf import GGUFFile
 from infer.loader.presets import DEFAULT_MODEL, embedded_model_path, preset_config, preset_names
 from infer.loader.safetensors import SafetensorsCheckpoint, download_from_hub
 from infer.models import DecoderModel, model_class
+from infer.models.parallel_layers import CheckpointTensor
 
 # Checkpoint tensors that are not weights of the text decoder.
 _SKIPPED_PREFIXES = (

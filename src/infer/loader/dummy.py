@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from infer.distributed.parallel_layers import ShardedModule
 from infer.models.common import DecoderModel, RMSNorm
+from infer.models.parallel_layers import ShardedModule
 
 
 @torch.no_grad()

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from infer.attention import AttentionMetadata, attend
 from infer.config import ModelConfig, RopeConfig
 from infer.distributed.group import SINGLE, ParallelGroup
-from infer.distributed.parallel_layers import (
+from infer.kernels import fused_add_rms_norm, rms_norm
+from infer.models.parallel_layers import (
     CheckpointTensor,
     ColumnParallelLinear,
     ParallelLMHead,
@@ -28,7 +29,6 @@ from infer.distributed.parallel_layers import (
     VocabParallelEmbedding,
     copy_checked,
 )
-from infer.kernels import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):

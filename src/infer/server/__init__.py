@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server: ``infer serve`` / ``python -m infer.server``."""
+"""OpenAI-compatible HTTP server: ``infer serve`` (``python -m infer.cli serve``)."""
 
 from infer.server.api import create_app
 from infer.server.launch import build_server, serve_in_thread, spawn_server

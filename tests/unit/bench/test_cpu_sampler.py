@@ -7,21 +7,27 @@ import sys
 
 from infer.bench.cpu_sampler import CpuSampler
 
-BUSY = "import time\nend = time.monotonic() + 2.5\nwhile time.monotonic() < end: pass"
+# The busy loop prints the share of a core it got (less than one on a loaded machine).
+BUSY = (
+    "import time\nstart = time.monotonic()\nwhile time.monotonic() < start + 2.5: pass\n"
+    "print(time.process_time() / (time.monotonic() - start))"
+)
 IDLE = "import time; time.sleep(2.5)"
 
 
-def _peak(code: str) -> float:
-    child = subprocess.Popen([sys.executable, "-c", code])
+def _peak(code: str) -> tuple[float, str]:
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     sampler = CpuSampler(child.pid, interval_s=0.05).start()
-    child.wait(60)
+    printed, _ = child.communicate(timeout=60)
     sampler.stop()
-    return sampler.peak_cores(window_s=1.0)
+    return sampler.peak_cores(window_s=1.0), printed
 
 
 def test_a_busy_loop_keeps_about_one_core_busy_and_a_sleep_none() -> None:
-    assert 0.6 < _peak(BUSY) <= 1.2  # one thread: at most one core (a shared CI core: less)
-    assert _peak(IDLE) < 0.3  # the interpreter's start-up only
+    peak, printed = _peak(BUSY)
+    share = float(printed)  # one core, or what a shared machine left it
+    assert 0.8 * share < peak <= 1.2  # one thread: at most one core
+    assert _peak(IDLE)[0] < 0.3  # the interpreter's start-up only
 
 
 def test_too_few_samples_give_zero() -> None:

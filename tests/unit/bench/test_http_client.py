@@ -9,7 +9,7 @@ import pytest
 
 from infer.bench.http_client import run_serving
 from infer.bench.metrics import summarize
-from infer.bench.workloads import RequestSpec, Workload
+from infer.workloads import RequestSpec, Workload
 
 from .conftest import FakeServer
 

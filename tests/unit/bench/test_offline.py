@@ -12,9 +12,9 @@ import torch
 from infer.bench.hf_peer import build_hf_model, run_hf
 from infer.bench.metrics import summarize
 from infer.bench.offline import check_fits, run_infer
-from infer.bench.workloads import RequestSpec, Workload, make_workload
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.workloads import RequestSpec, Workload, make_workload
 
 VOCAB = 320  # the tiny checkpoints'
 

@@ -20,9 +20,9 @@ from infer.bench.roofline import (
     prefill_flops,
     workload_roofline,
 )
-from infer.bench.workloads import RequestSpec, Workload
 from infer.config import ModelConfig
 from infer.loader.presets import preset_config
+from infer.workloads import RequestSpec, Workload
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.bench.workloads import WORKLOADS as BENCH_WORKLOADS
 from infer.kvsim.trace import TokenIds, TraceRequest, describe_workloads, make_trace
+from infer.workloads import WORKLOADS as BENCH_WORKLOADS
 
 
 def test_lab_workload_is_the_labs_sequences() -> None:

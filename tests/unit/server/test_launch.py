@@ -30,7 +30,7 @@ def test_a_busy_port_fails_at_once(taken_port: int) -> None:
 
 
 def test_infer_serve_on_a_busy_port_exits_before_loading_the_model(taken_port: int) -> None:
-    command = [sys.executable, "-m", "infer.server", "--model", "smollm2-135m",
+    command = [sys.executable, "-m", "infer.cli", "serve", "--model", "smollm2-135m",
                "--device", "cpu", "--port", str(taken_port)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

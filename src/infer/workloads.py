@@ -1,5 +1,5 @@
-"""Benchmark workloads: the seeds' five serving patterns plus ``burst256``, ``serve_burst``
-and ``single``.
+"""Workloads of the benchmarks and of the KV-cache simulator: the seeds' five serving
+patterns plus ``burst256``, ``serve_burst`` and ``single``.
 
 A workload is a list of requests (random token-id prompts, a fixed output length, an arrival
 offset) generated from a seed, so every run of the same name, size and seed sends exactly the

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from infer.bench.workloads import (
+from infer.workloads import (
     SHARED_PREFIX_TOKENS,
     WORKLOADS,
     make_workload,

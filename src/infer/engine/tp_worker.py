@@ -2,7 +2,7 @@
 on its share of the weights and KV pool, step by step as rank 0 sends them.
 
 ``start_workers`` (in the engine, rank 0) starts the workers of this machine as
-``python -m infer.distributed.worker`` processes and joins the group with them. When the
+``python -m infer.engine.tp_worker`` processes and joins the group with them. When the
 environment already names a multi-node group (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), it starts none: every other rank is launched the same way on its node.
 
@@ -118,7 +118,7 @@ def _spawn(rank: int, world: int) -> subprocess.Popen[bytes]:
         "WORLD_SIZE": str(world),
         _PARENT_PIPE: "1",
     }
-    command = [sys.executable, "-m", "infer.distributed.worker"]
+    command = [sys.executable, "-m", "infer.engine.tp_worker"]
     return subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
 
 
@@ -151,7 +151,7 @@ def follow_steps(runner: ModelRunner, group: ParallelGroup, device: torch.device
 
 
 def main() -> None:
-    """A worker's entry point (``python -m infer.distributed.worker``)."""
+    """A worker's entry point (``python -m infer.engine.tp_worker``)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if os.environ.get(_PARENT_PIPE):
         _exit_with_parent()

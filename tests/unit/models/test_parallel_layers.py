@@ -15,13 +15,13 @@ from tests.conftest import TINY_CONFIGS
 from infer.cli import build_parser
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import ParallelGroup
-from infer.distributed.parallel_layers import (
+from infer.models.common import check_tensor_parallel, kv_heads_per_rank
+from infer.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     Split,
     VocabParallelEmbedding,
 )
-from infer.models.common import check_tensor_parallel, kv_heads_per_rank
 
 
 def ranks(world: int) -> list[ParallelGroup]:

@@ -1,0 +1,69 @@
+"""The packages import one way, down the layers CONTRIBUTING.md lists: a module imports
+only from its own layer or a lower one, and ``import infer`` loads no torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import infer
+
+PACKAGE = Path(infer.__file__).parent
+
+# Lowest first; one set per layer.
+LAYERS: list[set[str]] = [
+    {"config", "heap", "gil", "text_pieces", "workloads"},
+    {"tokenizer"},
+    {"kernels"},
+    {"attention"},
+    {"distributed"},
+    {"models"},
+    {"loader"},
+    {"cache"},
+    {"engine"},
+    {"bench", "kvsim"},
+    {"server"},
+    {"cli"},
+]
+LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
+
+
+def _part(module: str) -> str:
+    """``infer.engine.runner`` → ``engine``."""
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [n for n in names if n.startswith("infer.")]
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()}
+    parts -= {"__init__", "__pycache__", "py"}
+    assert parts - LEVEL.keys() == set()
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if part == "__init__":
+            continue
+        for name in _imports(path):
+            if LEVEL[_part(name)] > LEVEL[part]:
+                upward.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert upward == []
+
+
+def test_import_infer_loads_no_torch() -> None:
+    probe = "import sys, infer; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
