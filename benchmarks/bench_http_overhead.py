@@ -111,7 +111,7 @@ def _record_scores(args: argparse.Namespace, model: str, record: dict[str, Any])
         **summary_values(f"{prefix}/offline", record["offline"]),
         f"{prefix}/http_vs_offline": (record["http_vs_offline"] * 100, "%"),
     }
-    update_many(values)
+    update_many(values, sampling="greedy")
     print(f"scoreboard: {len(values)} figures under {prefix}/")
 
 

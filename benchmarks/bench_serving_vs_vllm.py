@@ -65,6 +65,7 @@ from infer.bench.results import environment, results_dir, timestamp, write_json
 from infer.bench.scoreboard import update_many
 from infer.bench.startup import INFER_MARKERS, VLLM_MARKERS, LoggedProcess, find_markers
 from infer.bench.vllm_bench import (
+    SAMPLING_DESCRIPTIONS,
     SAMPLINGS,
     SERVERS,
     ServingWorkload,
@@ -329,9 +330,10 @@ def report(
     }
     write_json(summary, out / "summary.json")
     if rows and torch.cuda.is_available():  # headline figures are GPU figures
-        values = scoreboard_values(args.preset, rows, startups)
-        update_many(values)
-        print(f"scoreboard: {len(values)} figures under serving/{args.preset}/")
+        for sampling in samplings:
+            values = scoreboard_values(args.preset, rows, startups, sampling)
+            update_many(values, sampling=SAMPLING_DESCRIPTIONS[sampling])
+            print(f"scoreboard: {len(values)} figures under serving/{args.preset}/ ({sampling})")
     print(f"\nStart-up to ready ({summary['gpu']}, commit {summary['git_commit']}):\n")
     print(format_startup(startups))
     print(f"\n{args.preset}, {args.weights} weights, vllm bench serve (one client process):\n")

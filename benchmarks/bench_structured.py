@@ -171,7 +171,8 @@ def main() -> None:
                 f"{prefix}/json_schema_vs_free": (report["schema_vs_free"], "ratio"),
                 f"{prefix}/mask_fill_ms_mean": (report["mask_fill_ms_mean"], "ms"),
                 f"{prefix}/mask_wait_ms_mean": (report["mask_wait_ms_mean"], "ms"),
-            }
+            },
+            sampling="greedy",
         )
     text = json.dumps(report, indent=2)
     if args.output is not None:

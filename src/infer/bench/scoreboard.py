@@ -1,9 +1,10 @@
 """The scoreboard: the latest value of every headline figure, in one file.
 
 ``benchmarks/results/scoreboard.json`` maps a name (``offline/llama-3.2-3b/burst256/infer/
-output_tok_s``, ``serving/llama-3.2-3b/chat/vllm/ttft_p50_ms``, ...) to ``{value, unit,
-command, commit, gpu, date}``. The scripts that measure call ``update`` after each run, so the
-newest number of each kind is in one place, with where it came from, whichever script made it.
+output_tok_s``, ``serving/llama-3.2-3b/chat/greedy/vllm/ttft_p50_ms``, ...) to ``{value,
+unit, sampling, command, commit, gpu, date}`` (``sampling``: what the measured requests asked
+for). The scripts that measure call ``update`` after each run, so the newest number of each
+kind is in one place, with where it came from, whichever script made it.
 Runs that scale or cap a workload (smoke tests) are not headline figures and are not recorded.
 """
 
@@ -45,6 +46,7 @@ def update(
     value: float,
     unit: str,
     *,
+    sampling: str,
     command: str | None = None,
     commit: str | None = None,
     gpu: str | None = None,
@@ -54,12 +56,13 @@ def update(
     """Set entry ``name`` (the others stay as they are); missing provenance is this process's
     command line, commit, GPU and the current time. Returns the entry written."""
     provenance = {"command": command, "commit": commit, "gpu": gpu, "date": date}
-    return update_many({name: (value, unit)}, path=path, **provenance)[name]
+    return update_many({name: (value, unit)}, sampling=sampling, path=path, **provenance)[name]
 
 
 def update_many(
     values: dict[str, tuple[float, str]],
     *,
+    sampling: str,
     command: str | None = None,
     commit: str | None = None,
     gpu: str | None = None,
@@ -82,7 +85,7 @@ def update_many(
         "date": date if date is not None else timestamp(),
     }
     written = {
-        name: {"value": round(float(value), 4), "unit": unit, **provenance}
+        name: {"value": round(float(value), 4), "unit": unit, "sampling": sampling, **provenance}
         for name, (value, unit) in values.items()
     }
     with _locked(path):

@@ -103,6 +103,10 @@ SERVING_WORKLOADS = {
 # ``temperature``, so each server samples at its default, 1.0: what users of the client get)
 # or greedy.
 SAMPLINGS = {"defaults": [], "greedy": ["--temperature", "0"]}
+SAMPLING_DESCRIPTIONS = {
+    "defaults": "vllm bench serve's defaults: no temperature sent (each server's 1.0)",
+    "greedy": "greedy (temperature 0)",
+}
 
 
 def parse_samplings(value: str) -> list[str]:
@@ -319,15 +323,15 @@ def format_startup(startups: list[dict[str, Any]]) -> str:
 
 
 def scoreboard_values(
-    model: str, rows: list[dict[str, Any]], startups: list[dict[str, Any]]
+    model: str, rows: list[dict[str, Any]], startups: list[dict[str, Any]], sampling: str
 ) -> dict[str, tuple[float, str]]:
     """The headline figures of a comparison, named
     ``serving/<model>/<workload>/<sampling>/<server>/...`` (and ``.../infer_vs_vllm`` for the
-    throughput ratio, ``serving/<model>/<server>/startup_s``)."""
+    throughput ratio, ``serving/<model>/<server>/startup_s``) of the rows of one ``sampling``."""
     values: dict[str, tuple[float, str]] = {}
     throughput: dict[tuple[str, str], float] = {}
     for row in rows:
-        if row["failed"] or not row["completed"]:
+        if row["failed"] or not row["completed"] or row["sampling"] != sampling:
             continue
         run = f"{row['workload']}/{row['sampling']}"
         prefix = f"serving/{model}/{run}/{row['server']}"

@@ -266,7 +266,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 )
                 label = "" if sampling.greedy else f"/{sampling.label}"
                 name = f"offline/{_model_name(config.model)}/{workload.name}{label}/{engine}{ranks}"
-                _record_score(name, summary)
+                _record_score(name, summary, sampling)
     finally:
         close()
     return ok
@@ -284,11 +284,11 @@ def _model_name(model: str) -> str:
     return Path(model).name if "/" in model and Path(model).exists() else model
 
 
-def _record_score(prefix: str, summary: dict[str, Any]) -> None:
+def _record_score(prefix: str, summary: dict[str, Any], sampling: BenchSampling) -> None:
     from infer.bench.scoreboard import summary_values, update_many
 
     values = summary_values(prefix, summary)
-    update_many(values)
+    update_many(values, sampling=sampling.label)
     print(f"scoreboard: {len(values)} figures under {prefix}/", flush=True)
 
 

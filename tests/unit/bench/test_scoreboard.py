@@ -17,6 +17,7 @@ def test_update_keeps_the_other_entries_and_records_provenance(scoreboard_file: 
     entry = _update("offline/m/burst256/infer/output_tok_s", 123.456789, "tok/s")
     assert entry["value"] == 123.4568 and entry["unit"] == "tok/s"
     assert entry["commit"] == "abc123" and entry["gpu"] == "H100" and entry["date"] == "d"
+    assert entry["sampling"] == "greedy"
     assert entry["command"]  # this process's command line by default
     entries = board.read()
     assert set(entries) == {"old/figure", "offline/m/burst256/infer/output_tok_s"}
@@ -29,7 +30,7 @@ def test_update_keeps_the_other_entries_and_records_provenance(scoreboard_file: 
 
 
 def _update(name: str, value: float, unit: str) -> dict:
-    return board.update(name, value, unit, commit="abc123", gpu="H100", date="d")
+    return board.update(name, value, unit, sampling="greedy", commit="abc123", gpu="H100", date="d")
 
 
 def test_a_failed_write_leaves_the_file_as_it_was(
@@ -50,7 +51,9 @@ def test_a_failed_write_leaves_the_file_as_it_was(
 
 def _add_many(path: str, worker: int) -> None:
     for i in range(10):
-        board.update(f"w{worker}/{i}", i, "x", path=Path(path), commit="c", gpu="g", date="d")
+        board.update(
+            f"w{worker}/{i}", i, "x", sampling="s", path=Path(path), commit="c", gpu="g", date="d"
+        )
 
 
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
@@ -82,4 +85,4 @@ def test_checked_in_scoreboard_is_well_formed() -> None:
     entries = board.read(path)
     assert "offline/llama-3.2-3b/burst256/infer/output_tok_s" in entries
     for name, entry in entries.items():
-        assert set(entry) == {"value", "unit", "command", "commit", "gpu", "date"}, name
+        assert set(entry) == {"value", "unit", "sampling", "command", "commit", "gpu", "date"}, name

@@ -117,7 +117,7 @@ def test_scoreboard_values_and_startup_table() -> None:
         },
         {"server": "vllm", "ready_s": None, "markers": {}},
     ]
-    values = scoreboard_values("llama-3.2-3b", rows, startups)
+    values = scoreboard_values("llama-3.2-3b", rows, startups, "greedy")
     assert values["serving/llama-3.2-3b/poisson/greedy/infer/output_tok_s"] == (900.0, "tok/s")
     assert values["serving/llama-3.2-3b/poisson/greedy/vllm/itl_p90_ms"] == (8.0, "ms")
     assert values["serving/llama-3.2-3b/poisson/greedy/infer_vs_vllm"] == (0.9, "x")
