@@ -81,7 +81,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "pad_token_id": 0,
     },
 }
-FAMILIES = tuple(TINY_CONFIGS)
+# Qwen3 with YaRN scaling past a short pretrained context (for the long-context tests).
+TINY_CONFIGS["qwen3_yarn"] = {
+    **TINY_CONFIGS["qwen3"],
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+FAMILIES = ("llama", "qwen3", "gemma3")
 # Texts that tokenizers get wrong most often: accents, CJK, emoji sequences, whitespace runs.
 MIXED_SCRIPT_TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

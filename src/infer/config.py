@@ -51,23 +51,34 @@ class RopeConfig:
     """Rotary embedding of one attention kind (Gemma 3 has a local and a global one)."""
 
     theta: float
-    rope_type: str = "default"  # default | linear | llama3
+    rope_type: str = "default"  # default | linear | llama3 | yarn
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0  # yarn: the ramp between extrapolated and interpolated dimensions
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: the ramp's ends rounded to whole dimensions
+    attention_factor: float = 1.0  # yarn: scales cos and sin (so q·k by its square)
 
     @classmethod
-    def from_hf(cls, theta: float, scaling: dict[str, Any] | None) -> RopeConfig:
+    def from_hf(
+        cls, theta: float, scaling: dict[str, Any] | None, max_positions: int = 8192
+    ) -> RopeConfig:
+        """From a config's ``rope_scaling`` (or ``rope_parameters``); ``max_positions``: the
+        config's ``max_position_embeddings`` (YaRN's defaults derive from it)."""
         if not scaling:
             return cls(theta=theta)
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type not in ("default", "linear", "llama3"):
+        if rope_type not in ("default", "linear", "llama3", "yarn"):
             raise ValueError(
-                f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3)"
+                f"rope_scaling: type {rope_type!r} is not supported (default, linear, llama3, yarn)"
             )
+        theta = float(scaling.get("rope_theta", theta))
+        if rope_type == "yarn":
+            return cls._yarn(theta, scaling, max_positions)
         return cls(
-            theta=float(scaling.get("rope_theta", theta)),
+            theta=theta,
             rope_type=rope_type,
             factor=float(scaling.get("factor", 1.0)),
             low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
@@ -76,6 +87,37 @@ class RopeConfig:
                 scaling.get("original_max_position_embeddings", 8192)
             ),
         )
+
+    @classmethod
+    def _yarn(cls, theta: float, scaling: dict[str, Any], max_positions: int) -> RopeConfig:
+        """YaRN as transformers reads it: the factor defaults to the context's growth over
+        the pretrained one, the attention factor to ``0.1 ln(factor) + 1`` (or DeepSeek's
+        ratio of two such terms when ``mscale`` and ``mscale_all_dim`` are given)."""
+        original = int(scaling.get("original_max_position_embeddings") or max_positions)
+        factor = float(scaling.get("factor") or max_positions / original)
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(
+                    factor, mscale_all_dim
+                )
+            else:
+                attention_factor = _yarn_mscale(factor)
+        return cls(
+            theta=theta,
+            rope_type="yarn",
+            factor=factor,
+            original_max_position_embeddings=original,
+            beta_fast=float(scaling.get("beta_fast") or 32.0),
+            beta_slow=float(scaling.get("beta_slow") or 1.0),
+            truncate=bool(scaling.get("truncate", True)),
+            attention_factor=float(attention_factor),
+        )
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -175,19 +217,21 @@ class ModelConfig:
 def _parse_rope(raw: dict[str, Any], model_type: str) -> tuple[RopeConfig, RopeConfig | None]:
     """Global (and for Gemma 3, local) RoPE from either config spelling."""
     params = raw.get("rope_parameters")
+    positions = int(raw.get("max_position_embeddings") or 8192)
     if model_type == "gemma3_text":
         if isinstance(params, dict) and "full_attention" in params:
             full, sliding = params["full_attention"], params["sliding_attention"]
             return (
-                RopeConfig.from_hf(float(full["rope_theta"]), full),
-                RopeConfig.from_hf(float(sliding["rope_theta"]), sliding),
+                RopeConfig.from_hf(float(full["rope_theta"]), full, positions),
+                RopeConfig.from_hf(float(sliding["rope_theta"]), sliding, positions),
             )
         theta = float(raw.get("rope_theta", 1_000_000.0))
         local = RopeConfig(theta=float(raw.get("rope_local_base_freq", 10_000.0)))
-        return RopeConfig.from_hf(theta, raw.get("rope_scaling")), local
+        return RopeConfig.from_hf(theta, raw.get("rope_scaling"), positions), local
     if isinstance(params, dict) and "rope_theta" in params:
-        return RopeConfig.from_hf(float(params["rope_theta"]), params), None
-    return RopeConfig.from_hf(float(raw.get("rope_theta", 10_000.0)), raw.get("rope_scaling")), None
+        return RopeConfig.from_hf(float(params["rope_theta"]), params, positions), None
+    theta = float(raw.get("rope_theta", 10_000.0))
+    return RopeConfig.from_hf(theta, raw.get("rope_scaling"), positions), None
 
 
 def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -205,8 +249,9 @@ class EngineConfig:
 
     ``None`` means "choose for the machine": the device is CUDA when available, the dtype is
     bfloat16 on CUDA and float32 on CPU, CUDA graphs are on exactly when the device is CUDA,
-    ``max_seq_len`` is the model's context capped at 4096, and ``num_gpu_blocks`` is sized
-    from free device memory (``gpu_memory_utilization``) after the weights are loaded.
+    ``max_seq_len`` is the model's whole context (lowered to what the KV cache holds when it
+    holds less), and ``num_gpu_blocks`` is sized from free device memory
+    (``gpu_memory_utilization``) after the weights are loaded.
 
     ``None`` also means "follow the other choices" for the fields that depend on them, and
     those are filled in at construction (so readers always see a value): static batching
@@ -424,8 +469,10 @@ class EngineConfig:
         return self.use_cuda_graphs
 
     def resolved_max_seq_len(self, model: ModelConfig) -> int:
+        """The context asked for: ``max_seq_len``, else the model's whole context (the KV
+        cache's builder lowers the latter where the cache holds less)."""
         if self.max_seq_len is None:
-            return min(4096, model.max_position_embeddings)
+            return model.max_position_embeddings
         _check(
             self.max_seq_len <= model.max_position_embeddings,
             "max_seq_len",

@@ -131,6 +131,27 @@ def _single(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
     return [RequestSpec(prompts(128), 512) for _ in range(n)]
 
 
+# Lone long prompts (time to first token): 8k, 32k and just under 128k tokens.
+LONG_PROMPT_LENGTHS = (8192, 32768, 131072 - 64)
+
+
+def _long_prompt(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
+    lengths = [LONG_PROMPT_LENGTHS[i % len(LONG_PROMPT_LENGTHS)] for i in range(n)]
+    return [RequestSpec(prompts(length), 16) for length in lengths]
+
+
+def _long_decode(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
+    return [RequestSpec(prompts(32768), 256) for _ in range(n)]
+
+
+def _long_mix(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
+    """``n`` short requests decoding from the start, and one 16k-token prompt a second
+    (a quarter as many) arriving among them from the second second on."""
+    short = [RequestSpec(prompts(128), 1024) for _ in range(n)]
+    arrivals = _uniform_arrivals(max(1, n // 4), rate_per_s=1.0)
+    return short + [RequestSpec(prompts(16384), 64, 2.0 + t) for t in arrivals]
+
+
 @dataclass(frozen=True)
 class WorkloadDef:
     description: str
@@ -168,6 +189,23 @@ WORKLOADS: dict[str, WorkloadDef] = {
         _serve_burst,
     ),
     "single": WorkloadDef("batch 1: prompt 128, output 512", 1, _single, True),
+    "long_prompt": WorkloadDef(
+        "lone long prompts, one after another: 8k, 32k and ~128k tokens (repeating), output 16",
+        3,
+        _long_prompt,
+        True,
+    ),
+    "long_decode": WorkloadDef(
+        "16 requests at once with 32k-token prompts, output 256 (--num-requests 1: batch 1)",
+        16,
+        _long_decode,
+    ),
+    "long_mix": WorkloadDef(
+        "32 short requests (prompt 128, output 1,024) decoding while 16k-token prompts arrive "
+        "at 1 req/s from t = 2 s (8 of them), output 64",
+        32,
+        _long_mix,
+    ),
 }
 
 

@@ -257,12 +257,13 @@ def test_a_stop_token_ends_the_output_exactly_there(llama: str, async_scheduling
 
 def test_chunk_boundaries_give_the_same_tokens_as_whole_prefills(llama: str) -> None:
     """Seed 001 exits 9-11: a 1-token prompt, a prompt of exactly one chunk, one token
-    more, two chunks, and a chunk larger than the prompt."""
-    prompts = [[7], list(range(3, 19)), list(range(3, 20)), list(range(3, 35))]
+    more, two chunks, a chunk larger than the prompt, and a prompt of many chunks."""
+    many = [3 + (i * 37) % 300 for i in range(400)]
+    prompts = [[7], list(range(3, 19)), list(range(3, 20)), list(range(3, 35)), many]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
     def greedy(**options: object) -> list[list[int]]:
-        llm = LLM(llama, num_gpu_blocks=64, max_seq_len=256, **options)
+        llm = LLM(llama, num_gpu_blocks=64, max_seq_len=512, **options)
         return [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
 
     whole = greedy(use_chunked_prefill=False)

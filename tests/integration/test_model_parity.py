@@ -54,6 +54,25 @@ def test_prefill_logits_match_transformers(
     torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_yarn", "gemma3"])
+def test_long_prompts_match_transformers_past_the_pretrained_context(
+    family: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    """300 positions: past the llama3 and YaRN configs' pretrained 64 (their scaled
+    frequencies at work) and far past Gemma's window of 8."""
+    path = tiny_checkpoint(family)
+    model, config = load_model(resolve_model(str(path)), torch.device("cpu"), torch.float32, 512)
+    prompt = _prompt(300, seed=2)
+    blocks = list(range(19))
+    k = torch.zeros(config.num_layers, len(blocks), config.num_kv_heads, 16, config.head_dim)
+    model.bind_kv_cache(k, torch.zeros_like(k))
+    ids, meta = build_metadata([ScheduledSequence(blocks, 0, prompt)], 16, torch.device("cpu"))
+    with torch.no_grad():
+        ours = model.compute_logits(model(ids, meta))
+        reference = _hf_model(path)(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_match_transformers(
     family: str, tiny_checkpoint: Callable[[str], Path]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -233,9 +234,22 @@ def test_unknown_model_type_names_the_supported_ones(model_type: str | None) -> 
 
 def test_unsupported_rope_type_is_named() -> None:
     raw = dict(REFERENCE["meta-llama/Llama-3.2-1B-Instruct"])
-    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
-    with pytest.raises(ValueError, match="'yarn'"):
+    raw["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
+    with pytest.raises(ValueError, match=r"^rope_scaling: type 'longrope' is not supported"):
         ModelConfig.from_hf_dict(raw)
+
+
+def test_yarn_reads_its_defaults_as_transformers_does() -> None:
+    raw = dict(REFERENCE["Qwen/Qwen3-4B"])
+    raw["rope_scaling"] = {"rope_type": "yarn", "original_max_position_embeddings": 32768}
+    rope = ModelConfig.from_hf_dict(raw).rope
+    assert rope.rope_type == "yarn" and rope.factor == 40960 / 32768
+    assert rope.attention_factor == pytest.approx(0.1 * math.log(40960 / 32768) + 1)
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "mscale": 2, "mscale_all_dim": 1}
+    rope = ModelConfig.from_hf_dict(raw).rope
+    expected = (0.2 * math.log(4.0) + 1) / (0.1 * math.log(4.0) + 1)
+    assert rope.original_max_position_embeddings == 40960
+    assert rope.attention_factor == pytest.approx(expected)
 
 
 def test_qwen3_sliding_window_is_rejected() -> None:
@@ -326,7 +340,7 @@ def test_cpu_resolution_and_max_seq_len_bound() -> None:
     config = EngineConfig(device="cpu")
     assert config.torch_dtype == torch.float32 and not config.cuda_graphs_enabled
     model = ModelConfig.from_hf_dict(REFERENCE["Qwen/Qwen3-0.6B"])
-    assert config.resolved_max_seq_len(model) == 4096
+    assert config.resolved_max_seq_len(model) == model.max_position_embeddings == 40960
     too_long = EngineConfig(device="cpu", max_seq_len=model.max_position_embeddings + 1)
     with pytest.raises(ValueError, match=r"^max_seq_len: "):
         too_long.resolved_max_seq_len(model)

@@ -43,6 +43,9 @@ def test_same_seed_same_requests_other_seed_other_prompts(name: str) -> None:
         ),
         ("burst256", 256, (128, 384), (256, 256), False),
         ("single", 1, (128, 128), (512, 512), True),
+        ("long_prompt", 3, (8192, 131072 - 64), (16, 16), True),
+        ("long_decode", 16, (32768, 32768), (256, 256), False),
+        ("long_mix", 40, (128, 16384), (64, 1024), False),
     ],
 )
 def test_shapes(
@@ -124,3 +127,13 @@ def test_bad_input_names_the_field() -> None:
     with pytest.raises(ValueError, match="workload: unknown 'x'"):
         parse_workload_names("single,x")
     assert parse_workload_names(" burst256, single ") == ["burst256", "single"]
+
+
+def test_long_prompts_and_the_long_mix() -> None:
+    lengths = [len(r.prompt_token_ids) for r in make_workload("long_prompt", VOCAB).requests]
+    assert lengths == [8192, 32768, 131072 - 64]
+    mix = make_workload("long_mix", VOCAB).requests
+    short, long = mix[:32], mix[32:]
+    assert all(r.arrival_s == 0.0 and len(r.prompt_token_ids) == 128 for r in short)
+    assert [r.arrival_s for r in long] == pytest.approx([2.0 + i for i in range(8)])
+    assert {len(r.prompt_token_ids) for r in long} == {16384}

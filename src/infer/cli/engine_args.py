@@ -24,7 +24,7 @@ _HELP = {
     "use_chunked_prefill": "split long prompts over steps (default: on; off with static batching)",
     "use_prefix_caching": "reuse cached prompt prefixes (default: on with the paged cache)",
     "num_gpu_blocks": "KV cache blocks (default: sized from free memory)",
-    "max_seq_len": "longest sequence, prompt + output (default: model context, max 4096)",
+    "max_seq_len": "prompt + output (default: the model's context, or what the KV cache holds)",
     "use_cuda_graphs": "replay steps from captured CUDA graphs (default: on with CUDA)",
     "max_graph_tokens": "largest step with prompt tokens that replays a graph (0: decode only)",
     "use_launch_pacing": "with async scheduling, queue the next step just before the one in "

@@ -69,7 +69,6 @@ class Engine:
         self.dtype = config.torch_dtype
         self.source: ModelSource = resolve_model(config.model)
         self.model_config = ModelConfig.from_hf_dict(self.source.hf_config)
-        self.max_seq_len = config.resolved_max_seq_len(self.model_config)
         self.workers: Workers | None = None
         group = SINGLE
         if config.tensor_parallel_size > 1:
@@ -78,13 +77,13 @@ class Engine:
 
             self.workers, group = start_workers(config)
         try:
-            rank = build_rank(
-                config, self.source, self.model_config, self.max_seq_len, self.device, group
-            )
+            context = config.resolved_max_seq_len(self.model_config)
+            rank = build_rank(config, self.source, self.model_config, context, self.device, group)
         except Exception:
             self.close(check_workers=True)
             raise
         self.model, self.pool, self.runner = rank.model, rank.pool, rank.runner
+        self.max_seq_len = rank.max_seq_len
         self.tokenizer = self._load_tokenizer()
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len)

@@ -29,6 +29,7 @@ class KVCacheBuilder:
 
     Under tensor parallelism it builds this rank's share (its KV heads), with the number of
     blocks that fits on every rank, so the one scheduler's block tables are valid on all.
+    After ``build``, ``max_seq_len`` is the context the pool holds (``fit_context``).
     """
 
     def __init__(
@@ -49,6 +50,11 @@ class KVCacheBuilder:
         config, model_config = self.config, self.model_config
         block_bytes = model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
         if config.kv_cache_backend == "contiguous":
+            if config.max_seq_len is None:  # the model's context, or the slots that fit
+                slot_blocks = self._available_cache_bytes() // config.max_batch_size // block_bytes
+                self.max_seq_len = fit_context(
+                    config, self.max_seq_len, slot_blocks * config.block_size
+                )
             num_blocks = config.max_batch_size * config.blocks_per_contiguous_slot(self.max_seq_len)
             self._check_fits(num_blocks, block_bytes)
             return SlottedKVCache.for_slots(
@@ -64,6 +70,7 @@ class KVCacheBuilder:
         k, v = allocate_kv_tensors(
             model_config, num_blocks, config.block_size, self.dtype, self.device
         )
+        self.max_seq_len = fit_context(config, self.max_seq_len, num_blocks * config.block_size)
         return PagedKVCachePool(k, v, config.block_size, bool(config.use_prefix_caching))
 
     def _available_cache_bytes(self) -> int:
@@ -126,3 +133,23 @@ class KVCacheBuilder:
         torch.cuda.empty_cache()
         sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
         return peak + sampling
+
+
+def fit_context(config: EngineConfig, max_seq_len: int, capacity: int) -> int:
+    """The longest sequence the KV cache can hold: ``max_seq_len`` when ``capacity`` tokens
+    hold it; the model's context lowered to ``capacity`` (said once in the log) when no
+    ``max_seq_len`` was asked for; a ``ValueError`` when an explicit one does not fit."""
+    if max_seq_len <= capacity:
+        return max_seq_len
+    if config.max_seq_len is not None or capacity < 2:
+        raise ValueError(
+            f"max_seq_len: {max_seq_len} tokens do not fit the KV cache, which holds at most "
+            f"{capacity}; lower max_seq_len or give the cache more memory "
+            "(gpu_memory_utilization, num_gpu_blocks)"
+        )
+    logger.info(
+        "max_seq_len: %d, what the KV cache holds (the model's context, %d, does not fit)",
+        capacity,
+        max_seq_len,
+    )
+    return capacity

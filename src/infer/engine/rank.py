@@ -29,6 +29,7 @@ class RankState:
     model: DecoderModel
     pool: CachePoolProtocol
     runner: ModelRunner
+    max_seq_len: int  # the context the pool holds (at most the one asked for)
 
 
 def build_rank(
@@ -44,7 +45,9 @@ def build_rank(
     model, _ = load_model(
         source, device, dtype, max_seq_len, config.load_format, config.seed, group
     )
-    pool = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group).build()
+    builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
+    pool = builder.build()
+    max_seq_len = builder.max_seq_len
     graphs = None
     # Graphs capture the Triton kernels; the torch attention path is the eager reference.
     if config.cuda_graphs_enabled and triton_enabled(device):
@@ -59,4 +62,4 @@ def build_rank(
         warm_up_kernels(model, pool, device, max_seq_len)
     if graphs is not None:
         graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
-    return RankState(model, pool, runner)
+    return RankState(model, pool, runner, max_seq_len)

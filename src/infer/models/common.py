@@ -57,9 +57,11 @@ def rope_cos_sin_cache(head_dim: int, max_positions: int, rope: RopeConfig) -> T
         inv_freq = inv_freq / rope.factor
     elif rope.rope_type == "llama3":
         inv_freq = _llama3_scaled(inv_freq, rope)
+    elif rope.rope_type == "yarn":
+        inv_freq = _yarn_scaled(inv_freq, head_dim, rope)
     t = torch.arange(max_positions, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * rope.attention_factor
 
 
 def _llama3_scaled(inv_freq: Tensor, rope: RopeConfig) -> Tensor:
@@ -74,6 +76,23 @@ def _llama3_scaled(inv_freq: Tensor, rope: RopeConfig) -> Tensor:
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_scaled(inv_freq: Tensor, head_dim: int, rope: RopeConfig) -> Tensor:
+    """YaRN: dimensions that turn many times over the pretrained context keep their
+    frequency, those that turn less than once are slowed by ``factor``, a linear ramp between."""
+
+    def dimension_turning(turns: float) -> float:  # the dimension that turns ``turns`` times
+        wavelengths = rope.original_max_position_embeddings / (turns * 2 * math.pi)
+        return head_dim * math.log(wavelengths) / (2 * math.log(rope.theta))
+
+    low, high = dimension_turning(rope.beta_fast), dimension_turning(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / rope.factor * ramp + inv_freq * (1 - ramp)
 
 
 class Attention(nn.Module):
