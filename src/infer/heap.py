@@ -35,11 +35,9 @@ def freeze_heap() -> None:
 
 
 class IdleCollections:
-    """A serving process's full collections, held for moments when it is idle.
-
-    Even with the start-up heap frozen, a full collection stalled the server's engine loop
-    for ~50 ms every ~0.4 s of a 256-request burst (a traced ``infer serve`` on the H100:
-    five stalled steps in 3.4 s, none offline, where ``frozen_heap`` holds them). From its
+    """A serving process's full collections, held for moments when it is idle: even with
+    the start-up heap frozen, they stalled the engine loop mid-burst (RESULTS.md, "Launch
+    pacing, and full collections held for idle moments"). From its
     creation the process runs young collections only; ``collect_if_due`` runs a full one
     when the process is idle and the last was ``IDLE_COLLECTION_INTERVAL_S`` ago, or, under
     a load that never lets up, every ``BUSY_COLLECTION_INTERVAL_S`` (garbage in reference
@@ -77,14 +75,12 @@ def frozen_heap() -> Iterator[None]:
     loop), and hold full collections until its end; afterwards all is collectable again.
     Unlike ``freeze_heap`` it does not collect first (a full collection is the pause it
     avoids): garbage frozen with the heap waits for the block's end. Full collections wait
-    too: with the heap frozen, each still took 52-54 ms on the GPU machine (Python 3.12,
-    ~10k young objects), every ~0.4 s of a 256-request burst; the young generations are
-    still collected. Blocks nest (the outermost one freezes and unfreezes).
+    too (they still stall a step with the heap frozen); the young generations are still
+    collected. Blocks nest (the outermost one freezes and unfreezes).
 
-    It keeps its own count rather than asking ``gc.get_freeze_count()``: a library on the
-    GPU machine had frozen 375 objects, and a block that took that for a frozen heap left
-    the model's heap to a 284 ms full collection. Its end unfreezes everything, so it is
-    not for a process that froze its heap for good (``freeze_heap``)."""
+    It keeps its own count rather than asking ``gc.get_freeze_count()``: a library may have
+    frozen objects of its own, which is not a frozen heap. Its end unfreezes everything, so
+    it is not for a process that froze its heap for good (``freeze_heap``)."""
     global _open_blocks
     thresholds = gc.get_threshold()
     if _open_blocks == 0:

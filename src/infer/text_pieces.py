@@ -1,8 +1,8 @@
 """Long texts cut where the tokenizer cuts them anyway, so that several cores encode one.
 
 A Rust tokenizer's ``encode_batch`` spreads texts over its threads, but one text runs on
-one core: a 1,600-token prompt of random words took 9 ms to encode on the H100 host, a
-fifth of a long prompt's time to first token. Byte-level BPE tokenizers (GPT-2's, Llama 3's,
+one core, a noticeable share of a long prompt's time to first token (RESULTS.md,
+"Intake"). Byte-level BPE tokenizers (GPT-2's, Llama 3's,
 Qwen's, SmolLM2's) first split text into words by a regular expression and encode each word
 alone, and a space between two letters always starts a new word ("tail head" is "tail" and
 " head"). Cutting a text at such spaces and joining the pieces' ids is therefore exactly

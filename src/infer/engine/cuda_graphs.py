@@ -29,9 +29,8 @@ from infer.models import DecoderModel
 
 # A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
 # prompt and padding rows): a few long-context decode rows beside a prompt chunk would
-# otherwise run one program per (row, KV head) over all their keys (H100, five 1.5k-token
-# decode rows beside a 384-token chunk: 7.3 -> 6.6 ms a step). A step with more decode rows
-# splits each less (the kernel reads how many it holds).
+# otherwise run one program per (row, KV head) over all their keys (RESULTS.md, 6.1). A step
+# with more decode rows splits each less (the kernel reads how many it holds).
 MIXED_SPLIT_ROWS = 8
 
 

@@ -19,9 +19,8 @@ The launches depend only on shapes and python ints and every loop bound is read 
 (``seq_lens``, ``query_start_loc``), so a step can be captured in a CUDA graph and replayed
 with new lengths. A graph's grid is sized for its bucket; the host lists the batch's rows by
 kind (``row_order``, ``row_counts``, ``token_rows``), so each program finds its row with a
-read or two, the real work is launched first, and spare programs exit at once (H100, 7
-decode rows beside 89 new tokens over a 1k cached prefix, in a 128-token bucket: 4.63 ->
-4.18 ms a step).
+read or two, the real work is launched first, and spare programs exit at once (RESULTS.md,
+6.1).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ SplitScratch = Callable[[tuple[int, ...], tuple[int, int]], tuple[Tensor, Tensor
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
-_MAX_SPLITS_MERGED_IN_KERNEL = 4  # H100, 16 x 1k (3 splits): 30.7 µs merged, 32.6 with a kernel
+_MAX_SPLITS_MERGED_IN_KERNEL = 4  # more splits merge in their own kernel (RESULTS.md, 7.3)
 SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
 SMALL_STEP_TOKENS = 256  # steps with no more tokens split their prefill tiles' keys
 
@@ -75,19 +74,14 @@ def prefill_config(
 ) -> TileConfig:
     """Default prefill tile for a batch whose longest sequence has ``max_seq_len`` tokens.
 
-    Chosen like ``decode_config``, on an H100 for head_dim 128: wide key steps pay off over
-    long contexts (1 x 4096: 284 TFLOP/s against 242 with 32-key steps), short ones finish
-    sooner with narrow steps and fewer warps (8 x 512: 133 against 117; 16 x 256: 89 against
-    71; 16 chunks of 512 over 1024: 228 against 217). Float32 (``element_size`` 4, the GPU
-    tests' reference dtype) takes half the rows and one stage: 128 rows of 256-wide float32
-    heads need 295 KB of shared memory, above an H200's 227 KB.
+    Chosen like ``decode_config``, on an H100 for head_dim 128 (RESULTS.md 7.3): wide key
+    steps pay off over long contexts, short ones finish sooner with narrow steps and fewer
+    warps. Float32 (``element_size`` 4, the GPU tests' reference dtype) takes half the rows
+    and one stage: 128 rows of 256-wide float32 heads overflow an H200's shared memory.
 
     A step of at most ``SMALL_STEP_TOKENS`` tokens (a cached prefix's new tokens beside decode
-    rows) gets 64-row tiles, its keys split (``num_prefill_splits``). On an H100, beside 7
-    decode rows over 1,100 keys, a layer's attention took (``bench_kernels.py --mixed``):
-    9 new tokens 28.0 µs, against 51.4 with the wide tile unsplit; 70 tokens 32.0 against
-    51.5; 120 tokens 35.0 against 52.5; 250 tokens 44.9 against 51.7; 384 tokens 53.9
-    against 52.2, hence the bound.
+    rows) gets 64-row tiles, its keys split (``num_prefill_splits``): faster up to that bound,
+    not past it (``bench_kernels.py --mixed``, RESULTS.md 6.2).
     """
     if element_size > 2:
         return TileConfig(64, 32, 4, 1)
@@ -175,7 +169,7 @@ def _decode_splits(num_splits, row_splits, num_decode):
 
 # Triton compiles a variant per integer argument that is 1 or a multiple of 16: arguments
 # that change with a step's shape (the block table's width, the split partials' strides)
-# would each compile at first use, mid-serving (~1 s: seen on the first chat burst). Not
+# would each compile at first use, mid-serving (seen on the first chat burst). Not
 # specialised, one variant serves every step and the warm-up compiles it.
 _SPLIT_STRIDES = ["stride_pb", "stride_ps", "stride_ph", "stride_lb", "stride_ls"]
 
@@ -455,9 +449,9 @@ def num_kv_splits(num_seqs: int, num_kv_heads: int, kv_len: int, device: torch.d
     """How many pieces each decode row's keys are cut into (flash-decoding).
 
     Aims at about two programs per SM when sequences x KV heads alone would leave SMs idle,
-    keeping at least 256 keys a piece (on an H100, 16 x 1k: 3 pieces 31.9 µs against 32.7
-    with 4; 16 x 4k: 3 pieces either way). ``kv_len`` is an upper bound (a captured graph passes
-    the model's maximum; pieces past a sequence's end exit at once). CPU (interpreter): 1.
+    keeping at least 256 keys a piece (RESULTS.md, 7.3). ``kv_len`` is an upper bound (a
+    captured graph passes the model's maximum; pieces past a sequence's end exit at once).
+    CPU (interpreter): 1.
     """
     if device.type != "cuda":
         return 1
@@ -482,13 +476,11 @@ def num_prefill_splits(
     """How many pieces the keys of each prefill tile are cut into.
 
     A few new tokens over a long context (a cached prefix) make a handful of tiles, each
-    stepping through every key alone: on an H100 a 16-token step over a 1,100-token prefix
-    took 1.2 ms longer than a decode step. Steps of at most ``SMALL_STEP_TOKENS`` tokens split
-    them to about 1.5 programs per SM (measured best from 16 to 256 tokens, see
-    ``prefill_config``), at least 256 keys a piece by ``kv_len``; ``num_tokens`` and ``kv_len``
-    are upper bounds (a graph bucket's), pieces past a tile's keys do nothing. Larger steps
-    have tiles enough: a 384-token chunk over 1,100 keys took 52.2 µs a layer unsplit, 69.1
-    in two pieces. CPU (interpreter): 1.
+    stepping through every key alone. Steps of at most ``SMALL_STEP_TOKENS`` tokens split
+    them to about 1.5 programs per SM (measured best from 16 to 256 tokens, RESULTS.md 6.2),
+    at least 256 keys a piece by ``kv_len``; ``num_tokens`` and ``kv_len`` are upper bounds
+    (a graph bucket's), pieces past a tile's keys do nothing. Larger steps have tiles enough
+    (splitting them was slower). CPU (interpreter): 1.
     """
     if device.type != "cuda" or num_tokens > SMALL_STEP_TOKENS:
         return 1

@@ -98,9 +98,8 @@ def create_app(
         app.state.responses = ResponsesServing(
             engine, model_name, metrics, logprobs, retry_after, chat
         )
-        # Full collections over the start-up heap cost a busy event loop ~40 % of a burst's
-        # intake and ~15 % of its streaming time (measured on CPU with a stand-in engine);
-        # with it frozen, those that remain wait for a moment without requests.
+        # Full collections over the start-up heap stall a busy event loop (RESULTS.md, "Host
+        # and CPU overheads"); with it frozen, those that remain wait for an idle moment.
         freeze_heap()
         with IdleCollections() as collections:
             engine.collections = collections

@@ -6,6 +6,6 @@ import random
 
 
 def random_hex(digits: int) -> str:
-    """An id nobody guesses by chance. Not ``uuid4``: its ``os.urandom`` is a system call
-    that cost 5 % of a burst's intake on the event loop (py-spy, CPU)."""
+    """An id nobody guesses by chance. Not ``uuid4``: its ``os.urandom`` is a system call,
+    which showed in a burst's intake on the event loop."""
     return f"{random.getrandbits(4 * digits):0{digits}x}"

@@ -124,11 +124,10 @@ class ServerMetrics:
 def observe_all(histogram: Histogram, amounts: np.ndarray) -> None:
     """``histogram.observe(a)`` for each ``a`` (of a histogram without labels), in one pass.
 
-    prometheus_client observes one value per call, ~1-3 µs in Python; at the end of a burst
-    a few hundred streams of a few hundred tokens each close within a few steps, and their
-    inter-token latencies held the event loop for ~160 ms, delaying the last tokens by as
-    much. Here each bucket gets its count at once (where ``observe`` puts a value: the first
-    bucket whose upper bound is not below it)."""
+    prometheus_client observes one value per call; at the end of a burst hundreds of
+    streams close within a few steps, and observing their inter-token latencies one by one
+    held the event loop (and the last tokens) back. Here each bucket gets its count at once
+    (where ``observe`` puts a value: the first bucket whose upper bound is not below it)."""
     if amounts.size == 0:
         return
     bounds = histogram._upper_bounds  # no public way to add counts
