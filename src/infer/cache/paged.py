@@ -55,20 +55,6 @@ class PagedKVCachePool:
         self._num_indexed: dict[int, int] = {}
         self._next_seq_id = 0
 
-    @classmethod
-    def from_model_config(
-        cls,
-        config: ModelConfig,
-        num_blocks: int,
-        block_size: int = 16,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str = "cpu",
-        use_prefix_caching: bool = False,
-    ) -> PagedKVCachePool:
-        k, v = allocate_kv_tensors(config, num_blocks, block_size, dtype, device)
-        return cls(k, v, block_size, use_prefix_caching)
-
     def is_paged(self) -> bool:
         return True
 

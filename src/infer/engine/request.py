@@ -126,4 +126,3 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # all of them, when finished
     ttft_s: float | None = None  # arrival → first token
     token_times_s: list[float] = field(default_factory=list)  # arrival → each token
-    num_cached_tokens: int = 0
