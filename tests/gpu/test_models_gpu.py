@@ -144,7 +144,8 @@ def test_cuda_graphs_and_engine_modes_change_nothing(
     )
     assert _generate(path) == eager  # defaults: graphs, chunked prefill, prefix caching
     assert _generate(path, prefill_chunk_size=16, max_prefill_chunks_per_step=2) == eager
-    assert _generate(path, num_gpu_blocks=40, admission_reserve=0.0) == eager  # preemption
+    preempting = {"num_gpu_blocks": 40, "max_seq_len": 640, "admission_reserve": 0.0}
+    assert _generate(path, **preempting) == eager  # preemption
     assert (
         _generate(
             path,

@@ -37,9 +37,10 @@ MODES: dict[str, dict[str, Any]] = {
         "use_prefix_caching": False,
         "max_batch_size": 2,
     },
-    "tiny-pool": {
+    "tiny-pool": {  # 80 tokens: the longest sequence (74) fits, few of them at once
         "num_gpu_blocks": 20,
         "block_size": 4,
+        "max_seq_len": 80,
         "prefill_chunk_size": 16,
         "admission_reserve": 0.0,
     },

@@ -58,7 +58,7 @@ def test_tp3_equals_tp1_on_smollm2(smollm2_llm: LLM) -> None:
 def test_dead_worker_is_an_error(tiny_checkpoint: Callable[[str], Path]) -> None:
     llm = LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=2, max_seq_len=64, **OPTIONS)
     # Rank 0's share of the pool: all 64 blocks, one of the two KV heads.
-    assert llm.engine.pool.k.shape[1:3] == (64, 1)
+    assert llm.engine.runner.storage.k.shape[1:3] == (64, 1)
     workers = llm.engine.workers
     assert workers is not None
     workers.processes[1].kill()
@@ -79,3 +79,19 @@ def test_worker_that_cannot_start_is_an_error(
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # exits with code 1
     with pytest.raises(WorkerDiedError, match="worker rank 1 exited with code 1"):
         LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=2, **OPTIONS)
+
+
+def test_a_whole_prompt_cache_hit_copies_its_last_block_on_every_rank(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    """Run again, a prompt of whole blocks hits the prefix cache for all of it: its last
+    token is recomputed into a copy of its last block, which each rank makes of its heads."""
+    prompt = [list(range(3, 35))]  # two blocks of 16
+    llm = LLM(str(tiny_checkpoint("llama")), tensor_parallel_size=2, max_seq_len=256, **OPTIONS)
+    try:
+        first = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0]
+        again = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0]
+        assert llm.engine.cache_stats()["prefix_hit_rate"] > 0
+    finally:
+        llm.engine.close()
+    assert_same([first], [again])

@@ -1,9 +1,9 @@
-"""Paged KV cache pool: one block tensor per layer, blocks handed to sequences on demand.
+"""Paged KV cache bookkeeping: blocks handed to sequences on demand.
 
-Storage is ``k, v: [layers, num_blocks, kv_heads, block_size, head_dim]``; sequence ``s`` owns
-the blocks in ``page_tables[s]`` (logical order) and has ``seq_lens[s]`` computed tokens.
-With prefix caching, full blocks are indexed by content and shared between sequences with
-reference counts; a shared block is copied before it is written (copy-on-write).
+Sequence ``s`` owns the blocks in ``page_tables[s]`` (logical order) and has ``seq_lens[s]``
+computed tokens. With prefix caching, full blocks are indexed by content and shared between
+sequences with reference counts; a shared block is copied before it is written
+(copy-on-write: the copy is listed for the runner, which owns the K/V tensors).
 """
 
 from __future__ import annotations
@@ -11,40 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
-from torch import Tensor
-
 from infer.cache.allocator import BlockAllocator
 from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
 from infer.cache.stats import CacheStats
-from infer.config import ModelConfig
-
-
-def allocate_kv_tensors(
-    config: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> tuple[Tensor, Tensor]:
-    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-    return (
-        torch.zeros(shape, dtype=dtype, device=device),
-        torch.zeros(shape, dtype=dtype, device=device),
-    )
 
 
 class PagedKVCachePool:
-    """Block-allocated KV cache (satisfies ``CachePoolProtocol``)."""
+    """Block-allocated KV cache bookkeeping (satisfies ``CachePoolProtocol``)."""
 
     backend = "paged"
 
-    def __init__(
-        self, k: Tensor, v: Tensor, block_size: int, use_prefix_caching: bool = False
-    ) -> None:
-        self.k, self.v = k, v
+    def __init__(self, num_blocks: int, block_size: int, use_prefix_caching: bool = False) -> None:
         self.block_size = block_size
-        self.num_blocks = int(k.shape[1])
+        self.num_blocks = num_blocks
         self.prefix = PrefixIndex() if use_prefix_caching else None
         self.allocator = BlockAllocator(self.num_blocks, on_evict=self._forget_block)
         self.page_tables: dict[int, list[int]] = {}
@@ -54,6 +33,7 @@ class PagedKVCachePool:
         self._block_keys: dict[int, list[BlockKey]] = {}
         self._num_indexed: dict[int, int] = {}
         self._next_seq_id = 0
+        self._copies: list[tuple[int, int]] = []  # copy-on-write, until the runner takes them
 
     def is_paged(self) -> bool:
         return True
@@ -127,10 +107,13 @@ class PagedKVCachePool:
     def _copy_on_write(self, seq_id: int, block: int) -> int:
         """A private copy of ``block`` for ``seq_id``; the shared original stays intact."""
         (copy,) = self.allocator.allocate(1, owner=seq_id)
-        self.k[:, copy].copy_(self.k[:, block])
-        self.v[:, copy].copy_(self.v[:, block])
+        self._copies.append((block, copy))
         self.allocator.free([block], owner=seq_id)
         return copy
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self._copies = self._copies, []
+        return copies
 
     def advance(self, seq_id: int, num_tokens: int) -> None:
         self.seq_lens[seq_id] += num_tokens

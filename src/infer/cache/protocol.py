@@ -1,8 +1,9 @@
-"""What the runner, engine and attention layers may ask of a KV cache.
+"""What the scheduler, runner and engine may ask of a KV cache's block bookkeeping.
 
-Both backends satisfy these protocols, so nothing outside ``cache/`` branches on the type of
-cache (no ``isinstance``). Attention reads no per-phase cache view: a sequence's page table
-and computed length are what the runner turns into the step's flat ``AttentionMetadata``.
+Both backends satisfy this protocol, so nothing outside ``cache/`` branches on the type of
+cache (no ``isinstance``). It holds no tensors: the runner owns the K/V storage
+(``kv_tensors.KVTensors``) and turns a sequence's page table and computed length into the
+step's flat ``AttentionMetadata``; the copies copy-on-write needs are a list it executes.
 """
 
 from __future__ import annotations
@@ -10,29 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from torch import Tensor
-
 from infer.cache.stats import CacheStats
 
 
 @runtime_checkable
-class KVCacheProtocol(Protocol):
-    """The storage attention layers read: per layer ``[blocks, kv_heads, block_size, dim]``."""
+class CachePoolProtocol(Protocol):
+    """Allocation, growth, sharing and accounting of sequences' cache space."""
 
-    k: Tensor  # [layers, blocks, kv_heads, block_size, head_dim]
-    v: Tensor
     block_size: int
+    num_blocks: int
 
     def is_paged(self) -> bool:
         """True when blocks are handed out on demand rather than reserved per slot."""
         ...
-
-
-@runtime_checkable
-class CachePoolProtocol(KVCacheProtocol, Protocol):
-    """Allocation, growth, sharing and accounting of sequences' cache space."""
-
-    num_blocks: int
 
     def allocate_sequence(
         self,
@@ -65,6 +56,11 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
     def prepare_append(self, seq_id: int, num_tokens: int) -> bool:
         """Make the next ``num_tokens`` positions writable (new blocks, copy-on-write of
         shared ones). False, changing nothing, when there are not enough free blocks."""
+        ...
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies copy-on-write asked for since the last
+        call, for the runner to make before the next step writes the cache."""
         ...
 
     def advance(self, seq_id: int, num_tokens: int) -> None:

@@ -1,7 +1,7 @@
 """Contiguous KV cache: the paged pool with a static reservation.
 
 Slot ``i`` owns blocks ``[i * blocks_per_slot, (i + 1) * blocks_per_slot)`` — room for
-``max_seq_len`` tokens — from admission to retirement, so the same tensors, metadata and
+``max_seq_len`` tokens — from admission to retirement, so the same storage, metadata and
 kernels serve it, and it shows a contiguous cache's internal fragmentation: a short
 sequence still holds ``max_seq_len`` worth of cache.
 """
@@ -11,11 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
-from torch import Tensor
-
-from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
-from infer.config import ModelConfig
+from infer.cache.paged import PagedKVCachePool
 
 
 class SlottedKVCache(PagedKVCachePool):
@@ -23,27 +19,16 @@ class SlottedKVCache(PagedKVCachePool):
 
     backend = "contiguous"
 
-    def __init__(self, k: Tensor, v: Tensor, block_size: int, max_seq_len: int) -> None:
-        super().__init__(k, v, block_size, use_prefix_caching=False)
+    def __init__(self, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+        super().__init__(num_blocks, block_size, use_prefix_caching=False)
         self.max_seq_len = max_seq_len
         self.blocks_per_slot = math.ceil(max_seq_len / block_size)
         self.num_slots = self.num_blocks // self.blocks_per_slot
         self._free_slots = list(range(self.num_slots - 1, -1, -1))
 
     @classmethod
-    def for_slots(
-        cls,
-        config: ModelConfig,
-        max_batch_size: int,
-        max_seq_len: int,
-        block_size: int = 16,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str = "cpu",
-    ) -> SlottedKVCache:
-        num_blocks = max_batch_size * math.ceil(max_seq_len / block_size)
-        k, v = allocate_kv_tensors(config, num_blocks, block_size, dtype, device)
-        return cls(k, v, block_size, max_seq_len)
+    def for_slots(cls, max_batch_size: int, max_seq_len: int, block_size: int) -> SlottedKVCache:
+        return cls(max_batch_size * math.ceil(max_seq_len / block_size), block_size, max_seq_len)
 
     def is_paged(self) -> bool:
         return False

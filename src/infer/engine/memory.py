@@ -9,7 +9,8 @@ import math
 import torch
 
 from infer.attention import ScheduledSequence, build_metadata
-from infer.cache.paged import PagedKVCachePool, allocate_kv_tensors
+from infer.cache.kv_tensors import KVTensors
+from infer.cache.paged import PagedKVCachePool
 from infer.cache.protocol import CachePoolProtocol
 from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig, ModelConfig
@@ -46,32 +47,32 @@ class KVCacheBuilder:
         self.dtype = dtype
         self.max_seq_len = max_seq_len
 
-    def build(self) -> CachePoolProtocol:
-        config, model_config = self.config, self.model_config
-        block_bytes = model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
+    def build(self) -> tuple[CachePoolProtocol, KVTensors]:
+        """The pool's bookkeeping and its K/V storage."""
+        config = self.config
+        block_bytes = self.model_config.kv_bytes_per_token(self.dtype.itemsize) * config.block_size
+        pool: CachePoolProtocol
         if config.kv_cache_backend == "contiguous":
+            available = self._available_cache_bytes()
             if config.max_seq_len is None:  # the model's context, or the slots that fit
-                slot_blocks = self._available_cache_bytes() // config.max_batch_size // block_bytes
+                slot_blocks = available // config.max_batch_size // block_bytes
                 self.max_seq_len = fit_context(
                     config, self.max_seq_len, slot_blocks * config.block_size
                 )
-            num_blocks = config.max_batch_size * config.blocks_per_contiguous_slot(self.max_seq_len)
-            self._check_fits(num_blocks, block_bytes)
-            return SlottedKVCache.for_slots(
-                model_config,
-                config.max_batch_size,
-                self.max_seq_len,
-                config.block_size,
-                dtype=self.dtype,
-                device=self.device,
+            pool = SlottedKVCache.for_slots(
+                config.max_batch_size, self.max_seq_len, config.block_size
             )
-        num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
-        num_blocks = self.group.min_int(num_blocks, self.device)
-        k, v = allocate_kv_tensors(
-            model_config, num_blocks, config.block_size, self.dtype, self.device
+            self._check_fits(pool.num_blocks * block_bytes, available)
+        else:
+            num_blocks = config.num_gpu_blocks or self._auto_num_blocks(block_bytes)
+            num_blocks = self.group.min_int(num_blocks, self.device)
+            context = num_blocks * config.block_size
+            self.max_seq_len = fit_context(config, self.max_seq_len, context)
+            pool = PagedKVCachePool(num_blocks, config.block_size, bool(config.use_prefix_caching))
+        storage = KVTensors.allocate(
+            self.model_config, pool.num_blocks, config.block_size, self.dtype, self.device
         )
-        self.max_seq_len = fit_context(config, self.max_seq_len, num_blocks * config.block_size)
-        return PagedKVCachePool(k, v, config.block_size, bool(config.use_prefix_caching))
+        return pool, storage
 
     def _available_cache_bytes(self) -> int:
         if self.device.type != "cuda":
@@ -81,9 +82,7 @@ class KVCacheBuilder:
         used = total - free
         return int(total * self.config.gpu_memory_utilization) - used - peak
 
-    def _check_fits(self, num_blocks: int, block_bytes: int) -> None:
-        need = num_blocks * block_bytes
-        available = self._available_cache_bytes()
+    def _check_fits(self, need: int, available: int) -> None:
         if need > available:
             raise ValueError(
                 f"max_batch_size: the contiguous cache needs {need / 2**30:.1f} GiB "
@@ -111,10 +110,10 @@ class KVCacheBuilder:
         seq_len = min(budget, self.max_seq_len)
         blocks_per_seq = math.ceil(seq_len / config.block_size)
         num_seqs = math.ceil(budget / seq_len)
-        k, v = allocate_kv_tensors(
+        scratch = KVTensors.allocate(
             self.model_config, blocks_per_seq * num_seqs, config.block_size, self.dtype, self.device
         )
-        self.model.bind_kv_cache(k, v)
+        self.model.bind_kv_cache(scratch.k, scratch.v)
         seqs = [
             ScheduledSequence(
                 list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), 0, [0] * seq_len
@@ -129,7 +128,7 @@ class KVCacheBuilder:
         self.model.compute_logits(hidden[: config.max_batch_size])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - start
-        del k, v, hidden
+        del scratch, hidden
         torch.cuda.empty_cache()
         sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
         return peak + sampling

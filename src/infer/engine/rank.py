@@ -46,7 +46,7 @@ def build_rank(
         source, device, dtype, max_seq_len, config.load_format, config.seed, group
     )
     builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
-    pool = builder.build()
+    pool, storage = builder.build()
     max_seq_len = builder.max_seq_len
     graphs = None
     # Graphs capture the Triton kernels; the torch attention path is the eager reference.
@@ -57,7 +57,7 @@ def build_rank(
         graphs = CUDAGraphRunner(
             model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
         )
-    runner = ModelRunner(model, pool, device, max_seq_len, graphs, group)
+    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
     if device.type == "cuda":
         warm_up_kernels(model, pool, device, max_seq_len)
     if graphs is not None:

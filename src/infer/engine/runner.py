@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from infer.attention import ScheduledSequence, build_metadata
+from infer.cache.kv_tensors import KVTensors
 from infer.cache.protocol import CachePoolProtocol
 from infer.distributed.group import SINGLE, ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
@@ -57,12 +58,14 @@ class ForwardedStep:
 @dataclass
 class StepInputs:
     """What a rank needs to run one step's forward pass: the flat batch's sequences (block
-    tables, positions, tokens), which of them sample, and whether the input tokens are the
-    previous step's samples (still on the device: rank 0 broadcasts them as a tensor)."""
+    tables, positions, tokens), which of them sample, whether the input tokens are the
+    previous step's samples (still on the device: rank 0 broadcasts them as a tensor), and
+    the block copies copy-on-write asked for (made before the step writes the cache)."""
 
     sequences: list[ScheduledSequence]
     samples: list[bool]
     ahead: bool
+    copies: list[tuple[int, int]]
 
     @property
     def num_tokens(self) -> int:
@@ -71,13 +74,16 @@ class StepInputs:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as plain tuples: unpickling 256 dataclasses costs a worker ~3x more."""
         rows = [(s.block_table, s.num_computed, s.token_ids) for s in self.sequences]
-        return _step_inputs, (rows, self.samples, self.ahead)
+        return _step_inputs, (rows, self.samples, self.ahead, self.copies)
 
 
 def _step_inputs(
-    rows: list[tuple[list[int], int, list[int]]], samples: list[bool], ahead: bool
+    rows: list[tuple[list[int], int, list[int]]],
+    samples: list[bool],
+    ahead: bool,
+    copies: list[tuple[int, int]],
 ) -> StepInputs:
-    return StepInputs([ScheduledSequence(*row) for row in rows], samples, ahead)
+    return StepInputs([ScheduledSequence(*row) for row in rows], samples, ahead, copies)
 
 
 class ModelRunner:
@@ -85,6 +91,7 @@ class ModelRunner:
         self,
         model: DecoderModel,
         pool: CachePoolProtocol,
+        storage: KVTensors,
         device: torch.device,
         max_seq_len: int,
         graphs: CUDAGraphRunner | None = None,
@@ -93,11 +100,12 @@ class ModelRunner:
         self.model = model
         self.group = group
         self.pool = pool
+        self.storage = storage  # the K/V the pool's blocks index
         self.device = device
         self.max_seq_len = max_seq_len
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
-        model.bind_kv_cache(pool.k, pool.v)
+        model.bind_kv_cache(storage.k, storage.v)
 
     def launch(
         self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
@@ -129,7 +137,8 @@ class ModelRunner:
         if scheduled.fed_rows:
             assert previous is not None
             input_ids = self._fed_input_ids(sequences, scheduled.fed_rows, previous.token_ids)
-        step = StepInputs(sequences, [c.samples for c in chunks], input_ids is not None)
+        copies = self.pool.take_copies()
+        step = StepInputs(sequences, [c.samples for c in chunks], input_ids is not None, copies)
         if self.group.world_size > 1:
             self.group.broadcast_object(step)
             if input_ids is not None:
@@ -197,6 +206,7 @@ class ModelRunner:
         """Logits of the step's sampling rows; ``input_ids`` (on the device) overrides the
         sequences' tokens. A captured graph runs the step when one holds it."""
         sequences, samples = step.sequences, step.samples
+        self.storage.copy_blocks(step.copies)  # every rank: each holds its share of the heads
         decode = all(len(s.token_ids) == 1 for s in sequences)
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
         if out is None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from infer.cache.paged import PagedKVCachePool
-from infer.kvsim.pool import RefusalLog, TableMeasures, bookkeeping_tensors
+from infer.kvsim.pool import RefusalLog, TableMeasures
 
 
 def first_fit(is_free: np.ndarray, size: int) -> int | None:
@@ -33,8 +33,7 @@ class FirstFitPool(TableMeasures, PagedKVCachePool):
     backend = "dynamic"
 
     def __init__(self, num_blocks: int, block_size: int, bytes_per_block: int) -> None:
-        k, v = bookkeeping_tensors(num_blocks, block_size)
-        super().__init__(k, v, block_size, use_prefix_caching=False)
+        super().__init__(num_blocks, block_size, use_prefix_caching=False)
         self.bytes_per_block = bytes_per_block
         self.refusals = RefusalLog()
         self._is_free = np.ones(num_blocks, dtype=bool)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infer.cache.slotted import SlottedKVCache
-from infer.kvsim.pool import RefusalLog, TableMeasures, bookkeeping_tensors
+from infer.kvsim.pool import RefusalLog, TableMeasures
 
 
 class NaivePool(TableMeasures, SlottedKVCache):
@@ -19,8 +19,7 @@ class NaivePool(TableMeasures, SlottedKVCache):
     def __init__(
         self, num_blocks: int, block_size: int, bytes_per_block: int, max_seq_len: int
     ) -> None:
-        k, v = bookkeeping_tensors(num_blocks, block_size)
-        super().__init__(k, v, block_size, max_seq_len)
+        super().__init__(num_blocks, block_size, max_seq_len)
         self.backend = "naive"
         self.bytes_per_block = bytes_per_block
         self.refusals = RefusalLog()

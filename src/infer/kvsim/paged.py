@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infer.cache.paged import PagedKVCachePool
-from infer.kvsim.pool import RefusalLog, TableMeasures, bookkeeping_tensors
+from infer.kvsim.pool import RefusalLog, TableMeasures
 
 
 class PagedPool(TableMeasures, PagedKVCachePool):
@@ -19,8 +19,7 @@ class PagedPool(TableMeasures, PagedKVCachePool):
     def __init__(
         self, num_blocks: int, block_size: int, bytes_per_block: int, use_prefix_caching: bool
     ) -> None:
-        k, v = bookkeeping_tensors(num_blocks, block_size)
-        super().__init__(k, v, block_size, use_prefix_caching)
+        super().__init__(num_blocks, block_size, use_prefix_caching)
         self.backend = "paged+prefix" if use_prefix_caching else "paged"
         self.bytes_per_block = bytes_per_block
         self.refusals = RefusalLog()

@@ -1,17 +1,14 @@
 """What the simulator measures in a cache pool, beyond what the engine asks of it.
 
 Every strategy is a pool that satisfies the engine's ``CachePoolProtocol`` and is driven by
-the engine's own ``Scheduler``; the pools here are bookkeeping only (their K/V tensors have
-no elements), so simulating a 80 GB GPU costs a few megabytes.
+the engine's own ``Scheduler``; pools are bookkeeping only (the K/V storage is the runner's),
+so simulating a 80 GB GPU costs a few megabytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
-
-import torch
-from torch import Tensor
 
 from infer.cache.prefix import PrefixIndex
 from infer.cache.protocol import CachePoolProtocol
@@ -56,13 +53,6 @@ class SimulatedPool(CachePoolProtocol, Protocol):
     def prefix_blocks_shared(self) -> int:
         """Blocks a new sequence reused from the prefix cache instead of allocating."""
         ...
-
-
-def bookkeeping_tensors(num_blocks: int, block_size: int) -> tuple[Tensor, Tensor]:
-    """K and V "tensors" of ``num_blocks`` blocks without elements: the pools read their
-    block count from them and never touch any data."""
-    shape = (1, num_blocks, 0, block_size, 0)
-    return torch.empty(shape), torch.empty(shape)
 
 
 class TableMeasures:

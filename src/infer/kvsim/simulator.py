@@ -163,6 +163,7 @@ class _Run:
         """One engine step, the model's samples replaced by fresh token ids; returns how
         many requests ended in it."""
         scheduled = self.scheduler.schedule()
+        self.pool.take_copies()  # no K/V to copy: the runner's part, dropped
         self.refused += len(scheduled.failed)
         for request in self.scheduler.running:
             self.admitted_at.setdefault(request.request_id, step)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from infer.cache.allocator import BlockAllocator
 from infer.cache.stats import CacheStats
 from infer.kvsim.footprint import KVFootprint
-from infer.kvsim.pool import RefusalLog, bookkeeping_tensors
+from infer.kvsim.pool import RefusalLog
 
 
 @dataclass
@@ -48,7 +48,6 @@ class WindowedPool:
         self.block_size = block_size
         self.bytes_per_block = block_size * group * footprint.layer_bytes_per_token
         self.num_blocks = memory_bytes // self.bytes_per_block
-        self.k, self.v = bookkeeping_tensors(self.num_blocks, block_size)
         self.allocator = BlockAllocator(self.num_blocks)
         self.refusals = RefusalLog()
         self.seq_lens: dict[int, int] = {}
@@ -58,6 +57,9 @@ class WindowedPool:
 
     def is_paged(self) -> bool:
         return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []  # nothing is shared, so nothing is copied before a write
 
     # --- sequence lifecycle ----------------------------------------------------------
     def allocate_sequence(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from infer.cache import PagedKVCachePool, SlottedKVCache, paged
 from infer.config import EngineConfig
@@ -13,8 +12,7 @@ from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput, S
 
 
 def _pool(blocks: int, block_size: int = 1, prefix: bool = False) -> PagedKVCachePool:
-    shape = (1, blocks, 1, block_size, 1)
-    return PagedKVCachePool(torch.zeros(shape), torch.zeros(shape), block_size, prefix)
+    return PagedKVCachePool(blocks, block_size, prefix)
 
 
 def _scheduler(pool: PagedKVCachePool, **options: object) -> Scheduler:
@@ -70,8 +68,7 @@ def test_no_admission_when_no_budget_is_left() -> None:
 
 
 def test_contiguous_backend_admits_by_free_slots_only() -> None:
-    shape = (1, 2 * 4, 1, 16, 1)
-    pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
+    pool = SlottedKVCache.for_slots(2, max_seq_len=64, block_size=16)
     scheduler = Scheduler(
         EngineConfig(device="cpu", kv_cache_backend="contiguous", use_prefix_caching=False),
         pool,
@@ -174,8 +171,7 @@ def test_preempted_request_resumes_with_its_generated_tokens() -> None:
 
 
 def test_static_batching_admits_only_when_the_batch_is_done() -> None:
-    shape = (1, 4 * 4, 1, 16, 1)
-    pool = SlottedKVCache(torch.zeros(shape), torch.zeros(shape), 16, max_seq_len=64)
+    pool = SlottedKVCache.for_slots(4, max_seq_len=64, block_size=16)
     config = EngineConfig(
         device="cpu",
         batching_mode="static",

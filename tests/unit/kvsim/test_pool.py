@@ -1,8 +1,8 @@
-"""Refusal bookkeeping and element-less pool tensors."""
+"""Refusal bookkeeping."""
 
 from __future__ import annotations
 
-from infer.kvsim.pool import RefusalLog, bookkeeping_tensors
+from infer.kvsim.pool import RefusalLog
 
 
 def test_only_refusals_with_enough_free_blocks_are_fragmentation() -> None:
@@ -14,9 +14,3 @@ def test_only_refusals_with_enough_free_blocks_are_fragmentation() -> None:
     assert (log.refused, log.fragmented) == (3, 2)
     assert log.take_stranded() == 8  # the most free blocks seen since the last take
     assert log.take_stranded() == 0
-
-
-def test_bookkeeping_tensors_hold_blocks_but_no_elements() -> None:
-    k, v = bookkeeping_tensors(1 << 20, 16)
-    assert k.shape[1] == v.shape[1] == 1 << 20
-    assert k.numel() == v.numel() == 0

@@ -24,7 +24,7 @@ LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 
 def tiny_config(checkpoint: Path, **overrides: Any) -> EngineConfig:
     options: dict[str, Any] = dict(
-        model=str(checkpoint), device="cpu", num_gpu_blocks=16, max_seq_len=512,
+        model=str(checkpoint), device="cpu", num_gpu_blocks=16, max_seq_len=256,
         max_batch_size=2, max_waiting_requests=2,
     )  # fmt: skip
     return EngineConfig(**{**options, **overrides})
@@ -164,9 +164,9 @@ def test_a_sequence_the_cache_cannot_hold_fails_alone(
     loop, engine = served
 
     async def body() -> None:
-        too_long = list(range(1, 301))  # the pool holds 16 blocks of 16 tokens
+        too_long = list(range(1, 301))  # the context (and the pool) hold 256 tokens
         finals = await collect(engine.submit("a", [(too_long, PARAMS), ([1, 2], PARAMS)]))
-        assert finals[0].finish_reason == "error" and "too small" in (finals[0].error or "")
+        assert finals[0].finish_reason == "error" and "max_seq_len" in (finals[0].error or "")
         assert finals[1].finish_reason == "length"
         assert engine.is_healthy
 
