@@ -6,9 +6,8 @@ up with vLLM's client sending 256 requests at once: four processes served that b
 faster, see ``benchmarks/RESULTS.md``, so ``infer serve`` starts one unless told.)
 
 API workers are whole API processes (the same app, its own tokenizer thread), each
-listening on a socket of its own bound to the server's port (``SO_REUSEPORT``); the kernel
-spreads new connections evenly over them and over the first one, the process that started
-the engine. Each worker talks to the engine over pipes of its own (``engine_pipes.py``);
+accepting on the one listening socket that the first process (the one that started the
+engine) bound and handed over: the port is the server's alone (``launch._bind``). Each worker talks to the engine over pipes of its own (``engine_pipes.py``);
 the counts of unfinished sequences and of requests are shared (``in_flight.py``), so the
 server's capacity and ``--limit-concurrency`` stay one bound each.
 
@@ -22,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +66,7 @@ class WorkerSpec:
     index: int  # 1, 2, ...: 0 is the process that started the engine
     engine_config: EngineConfig
     http: HttpSettings
+    listener: socket.socket  # the server's, inherited
     pipes: PipeEnds
     in_flight: InFlight  # sequences
     requests: InFlight  # requests in the server (``concurrency.py``)

@@ -184,7 +184,7 @@ def build_server(
     if limit_concurrency is None:
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
         limit_concurrency = capacity + _SPARE_REQUESTS
-    listener = _bind(host, port, reuse_port=api_server_count > 1)
+    listener = _bind(host, port)
     http = HttpSettings(
         host=host,
         port=listener.getsockname()[1],  # the one bound (port 0: an ephemeral one)
@@ -214,6 +214,7 @@ def build_server(
                 index=i,
                 engine_config=engine_config,
                 http=http,
+                listener=listener,
                 pipes=api_ends[i],
                 in_flight=in_flight.of_process(i),
                 requests=requests.of_process(i),
@@ -255,11 +256,10 @@ def _server(
 
 
 def serve_api_worker(spec: WorkerSpec) -> None:
-    """Entry point of an API worker process: the same server on a socket of its own bound
-    to the same port, reaching the running engine over its own pipes."""
-    listener = _bind(spec.http.host, spec.http.port, reuse_port=True)
+    """Entry point of an API worker process: the same server on the listening socket its
+    parent bound and handed over, reaching the running engine over its own pipes."""
     link = EngineLink(spec.pipes, None)
-    server = _server(spec.engine_config, spec.http, listener, link, spec.in_flight,
+    server = _server(spec.engine_config, spec.http, spec.listener, link, spec.in_flight,
                      spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
@@ -276,13 +276,15 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def _bind(host: str, port: int) -> socket.socket:
     """The server's listening address, bound now (``ValueError`` naming the port when it
     is taken) and listened on once the model is loaded.
 
-    With ``reuse_port`` every API process binds a socket of its own to the port, and the
-    kernel spreads new connections evenly over them. (One socket shared by all of them
-    went mostly to whichever process woke first: a burst's connections piled up in one.)"""
+    Every API process of the server accepts on this one socket, handed to the workers by
+    the process that bound it. Never ``SO_REUSEPORT``: with it, any process of the same
+    user could bind the port too and silently take a share of the connections (a second
+    ``infer serve`` did); without it, a second server fails here, however many API
+    processes either has."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -292,8 +294,6 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
         raise ValueError(f"host: cannot listen on {host!r}: {exc}") from exc
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind(address)
     except OSError as exc:
         listener.close()
