@@ -5,6 +5,7 @@ from its answer with a reasoning parser (``reasoning.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -107,8 +108,28 @@ class ChatServing(OpenAIServing):
         try:
             return await self.engine.encode_chat(messages, tools_for_template, on_encoded, options)
         except TemplateError as exc:
-            field = "messages" if request.chat_template is None else "chat_template"
-            raise ValueError(f"{field}: the chat template rejected them: {exc}") from exc
+            field = self._rejected_field(request, messages, tools_for_template, options)
+            raise ValueError(f"{field}: the chat template rejected it: {exc}") from exc
+
+    def _rejected_field(
+        self,
+        request: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: PromptOptions,
+    ) -> str:
+        """The field whose content the chat template refused: the first tool it refuses on
+        its own (``tools.N``), else the template the request sent, else the messages.
+        (Rendered again, on this error's path only.)"""
+        tokenizer = self.engine.prompts.tokenizer
+        assert tokenizer is not None  # it rendered them
+        blamed = "messages" if request.chat_template is None else "chat_template"
+        for index, tool in enumerate([None, *(tools or [])]):
+            try:
+                tokenizer.render_chat(messages, None if tool is None else [tool], options.template)
+            except TemplateError:
+                return blamed if tool is None else f"tools.{index - 1}"
+        return blamed
 
     def sampling_params(self, request: SamplingRequest) -> SamplingParams:
         assert isinstance(request, ChatCompletionRequest)

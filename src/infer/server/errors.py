@@ -67,17 +67,31 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     loc = [str(part) for part in error.get("loc", ()) if part != "body"]
     if error.get("type") == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", error.get("msg", ""))
-        return APIError(400, f"malformed JSON body: {detail}")
+        where = f" at character {loc[0]}" if loc and loc[0].isdigit() else ""
+        return APIError(400, f"request body: malformed JSON{where}: {detail}", param="body")
     if error.get("type") == "value_error":  # raised by a model validator: "field: message"
         return APIError.bad_request(ValueError(str((error.get("ctx") or {}).get("error", ""))))
     if not loc:
-        return APIError(400, f"request body: {error.get('msg')}")
+        return APIError(400, f"request body: {error.get('msg')}", param="body")
     param = ".".join(part for part in loc if not _is_union_tag(part)) or None
     reason = error.get("msg")
     if error.get("type") == "extra_forbidden":
         reason = unsupported_reason(loc[-1])
     message = f"{param}: {reason}" if param else str(reason)
     return APIError(400, message, param=param)
+
+
+def _unreadable_body(exc: StarletteHTTPException) -> APIError | None:
+    """FastAPI's "There was an error parsing the body" (a body it could not decode) as a
+    400 that says where the body went wrong."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        reason = f"not UTF-8 at byte {cause.start} ({cause.reason})"
+    else:
+        reason = f"could not be read: {type(cause).__name__}: {cause}"
+    return APIError(400, f"request body: {reason}", param="body")
 
 
 def _is_union_tag(part: str) -> bool:
@@ -99,6 +113,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        unreadable = _unreadable_body(exc)
+        if unreadable is not None:
+            return unreadable.response()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(
             exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})

@@ -475,7 +475,7 @@ class ChatCompletionRequest(SamplingRequest, Conversation):
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 asks for none: OpenAI's schema allows it
             raise ValueError("top_logprobs: only allowed when logprobs is true")
         return self
 
