@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 

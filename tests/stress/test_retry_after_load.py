@@ -7,6 +7,7 @@ refused again) nor too pessimistic (they wait on an idle server)."""
 from __future__ import annotations
 
 import asyncio
+
 from infer import EngineConfig
 from infer.bench.retrying_clients import run_clients, summarise
 from infer.bench.standin_server import standin_server

@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.async_engine import AsyncEngine, ChoiceUpdate
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -28,7 +28,7 @@ from infer.server.protocol import (
 )
 from infer.server.reasoning import THINK_END, Reasoning, ReasoningParser
 from infer.server.retry_after import RetryAfterEstimator
-from infer.server.serving import Context, OpenAIServing
+from infer.server.serving import Context, Guards, OpenAIServing
 from infer.server.sse import ROLE_DELTA, chat_chunk_choice, content_delta
 from infer.server.tool_calls import ToolCalls, render
 
@@ -68,9 +68,10 @@ class ChatServing(OpenAIServing):
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,
         retry_after: RetryAfterEstimator,
+        guards: Guards,
         options: ChatOptions = DEFAULT_CHAT_OPTIONS,
     ) -> None:
-        super().__init__(engine, model_name, metrics, logprobs, retry_after)
+        super().__init__(engine, model_name, metrics, logprobs, retry_after, guards)
         self.reasoning_parser = options.reasoning_parser
         self.trust_request_chat_template = options.trust_request_chat_template
 
@@ -113,7 +114,7 @@ class ChatServing(OpenAIServing):
 
     def _rejected_field(
         self,
-        request: ChatCompletionRequest,
+        request: Conversation,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         options: PromptOptions,
@@ -131,10 +132,12 @@ class ChatServing(OpenAIServing):
                 return blamed if tool is None else f"tools.{index - 1}"
         return blamed
 
-    def sampling_params(self, request: SamplingRequest) -> SamplingParams:
+    def sampling_params(
+        self, request: SamplingRequest, constraint: StructuredOutputsParams | None
+    ) -> SamplingParams:
         assert isinstance(request, ChatCompletionRequest)
-        params = request.sampling_params(request.requested_max_tokens, request.num_logprobs)
-        constraint = params.structured_outputs
+        max_tokens, logprobs = request.requested_max_tokens, request.num_logprobs
+        params = request.sampling_params(max_tokens, logprobs, constraint)
         reasoning = self._reasoning(request)
         if constraint is None or reasoning is None or not reasoning.thinking:
             return params

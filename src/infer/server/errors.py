@@ -56,6 +56,11 @@ class APIError(Exception):
         )
 
 
+class BodyTooLargeError(ValueError):
+    """A body that grew past ``--max-body-bytes`` while read (``body_limit.py``); FastAPI
+    reports it as a body it could not parse, which the handlers turn into a 413."""
+
+
 def internal_server_error() -> APIError:
     """What a client sees of a failure inside the server (the log has the details)."""
     return APIError(500, "internal server error (the server logged the details)", "server_error")
@@ -87,6 +92,8 @@ def _unreadable_body(exc: StarletteHTTPException) -> APIError | None:
     cause = exc.__cause__
     if exc.status_code != 400 or cause is None:
         return None
+    if isinstance(cause, BodyTooLargeError):
+        return APIError(413, str(cause), param="body")
     if isinstance(cause, UnicodeDecodeError):
         reason = f"not UTF-8 at byte {cause.start} ({cause.reason})"
     else:

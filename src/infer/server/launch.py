@@ -40,6 +40,12 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
+from infer.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
+)
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
@@ -139,6 +145,9 @@ def build_server(
     api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
     chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
+    grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -152,7 +161,9 @@ def build_server(
     sent a whole request. ``api_server_count`` API processes share the HTTP work
     (``api_workers.py``); with more than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a
     directory before prometheus_client is imported (``infer serve`` sees to it); they count
-    their requests together, and each bounds its share of the pending connections."""
+    their requests together, and each bounds its share of the pending connections.
+    ``limits`` bound each request's inputs; ``grammar_workers`` processes (per API process)
+    check constraints, each check cut off after ``grammar_timeout`` seconds."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -202,6 +213,9 @@ def build_server(
             pending_per_client=-(-limit_pending_per_client // api_server_count),
         ),
         chat=chat,
+        limits=limits,
+        grammar_workers=grammar_workers,
+        grammar_timeout=grammar_timeout,
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -242,7 +256,8 @@ def _server(
 ) -> Server:
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
-                     engine_factory, link, in_flight, workers, http.chat)  # fmt: skip
+                     engine_factory, link, in_flight, workers, http.chat, http.limits,
+                     http.grammar_workers, http.grammar_timeout)  # fmt: skip
     config = ServerConfig(
         ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
         http.connections,
