@@ -9,6 +9,12 @@ import os
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -94,6 +100,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "burst faster, see benchmarks/RESULTS.md)",
     )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    limits = parser.add_argument_group("request limits (each a 400 naming the field)")
+    for name, value in vars(DEFAULT_LIMITS).items():
+        limits.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=value, help=f"(default: {value})"
+        )
+    limits.add_argument(
+        "--grammar-workers",
+        type=int,
+        default=DEFAULT_GRAMMAR_WORKERS,
+        help="processes (per API process) that check structured-output grammars, so that none "
+        f"can crash or stall the server (default: {DEFAULT_GRAMMAR_WORKERS})",
+    )
+    limits.add_argument(
+        "--grammar-timeout",
+        type=float,
+        default=DEFAULT_GRAMMAR_TIMEOUT_S,
+        help="seconds a grammar may take to compile; longer is a 400 "
+        f"(default: {DEFAULT_GRAMMAR_TIMEOUT_S:g})",
+    )
     chat = parser.add_argument_group("chat options")
     chat.add_argument(
         "--reasoning-parser",
@@ -147,6 +172,9 @@ def _serve(args: argparse.Namespace) -> int:
         limit_pending_per_client=args.limit_pending_per_client,
         api_server_count=args.api_server_count,
         chat=ChatOptions(reasoning_parser(args.reasoning_parser), args.trust_request_chat_template),
+        limits=RequestLimits(**{name: getattr(args, name) for name in vars(DEFAULT_LIMITS)}),
+        grammar_workers=args.grammar_workers,
+        grammar_timeout=args.grammar_timeout,
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()

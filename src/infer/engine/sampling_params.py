@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,15 @@ class StructuredOutputsParams:
         if self.preamble is not None:
             compiled = _behind(self.preamble, compiled)
         object.__setattr__(self, "compiled_grammar", compiled)
+
+    def behind(self, preamble: str) -> StructuredOutputsParams:
+        """This constraint behind ``preamble`` (``preamble`` above), its grammar not
+        compiled again."""
+        assert self.preamble is None, "one preamble"
+        behind = copy.copy(self)
+        object.__setattr__(behind, "preamble", preamble)
+        object.__setattr__(behind, "compiled_grammar", _behind(preamble, self.compiled_grammar))
+        return behind
 
 
 def _behind(preamble: str, compiled: str) -> str:

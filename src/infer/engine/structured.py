@@ -90,6 +90,12 @@ LEXERS_PER_THREAD = 2
 MAX_GRAMMARS_WITH_LEXERS = 16
 # The field a grammar's errors name, in the engine as in the API.
 GRAMMAR_FIELD = "structured_outputs"
+# llguidance's compiler recurses on a grammar's structure: ~5,000 chained Lark rules
+# overflowed an 8 MiB stack (SIGSEGV). The server checks each grammar first on a stack of
+# CHECK_STACK_BYTES in a worker process that may crash (``infer.server.grammar_check``);
+# the engine compiles on one eight times as large, so what passed cannot crash it.
+CHECK_STACK_BYTES = 8 * 1024 * 1024
+COMPILE_STACK_BYTES = 8 * CHECK_STACK_BYTES
 
 
 class GrammarError(ValueError):
@@ -135,6 +141,33 @@ def _grammar(kind: str, value: Any) -> str:
         raise ValueError("must be a non-empty string")
     # "grammar" takes Lark (llguidance's dialect) or GBNF/EBNF (converted to Lark).
     return llguidance.grammar_from("regex" if kind == "regex" else "grammar", value)
+
+
+def language_error(grammar: str, tokenizer: LLTokenizer) -> str | None:
+    """Why no output can satisfy ``grammar`` (llguidance's text), or None when one may: a
+    grammar whose language is empty (``{"$ref": "#"}``, rules that only refer to each
+    other, a regex matching nothing) leaves no token but the end of sequence possible, which
+    llguidance reports as an error when it computes the first mask."""
+    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if not matcher.is_error():
+        return None
+    return _one_line(matcher.get_error().split("<state>")[0])
+
+
+def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> LLTokenizer:
+    """llguidance's view of the vocabulary (~0.6 s to make): the end of sequence is every
+    end token of the model that the tokenizer has (a model's config may name ids beyond a
+    smaller tokenizer's)."""
+    known = len(tokenizer.hf)
+    eos = sorted(i for i in tokenizer.eos_token_ids if i < known)
+    return llguidance.hf.from_tokenizer(
+        tokenizer.hf,  # type: ignore[arg-type]
+        n_vocab=vocab_size,
+        eos_token=eos or None,
+        slices=SLICES,
+    )
 
 
 def _one_line(message: str) -> str:
@@ -295,7 +328,7 @@ class StructuredOutputs:
 
     def _compile(self, grammar: str) -> Future[CompiledGrammar]:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="infer-grammar")
+            self._executor = _compiling_thread()
         future = self._compiled.get(grammar)
         if future is not None:
             self._compiled.move_to_end(grammar)
@@ -326,21 +359,25 @@ class StructuredOutputs:
         return CompiledGrammar(self._tokenizer(), grammar)
 
     def _tokenizer(self) -> LLTokenizer:
-        """llguidance's view of the vocabulary (~0.6 s to make, so made once, when the first
-        grammar is compiled); the end of sequence is every end token of the model that the
-        tokenizer has (a model's config may name ids beyond a smaller tokenizer's)."""
+        """llguidance's view of the vocabulary (``ll_tokenizer``), made once, when the first
+        grammar is compiled."""
         with self._lock:
             if self._lltokenizer is None:
                 assert self.tokenizer is not None
-                known = len(self.tokenizer.hf)
-                eos = sorted(i for i in self.tokenizer.eos_token_ids if i < known)
-                self._lltokenizer = llguidance.hf.from_tokenizer(
-                    self.tokenizer.hf,  # type: ignore[arg-type]
-                    n_vocab=self.vocab_size,
-                    eos_token=eos or None,
-                    slices=SLICES,
-                )
+                self._lltokenizer = ll_tokenizer(self.tokenizer, self.vocab_size)
             return self._lltokenizer
+
+
+def _compiling_thread() -> ThreadPoolExecutor:
+    """The engine's grammar thread, on a stack of ``COMPILE_STACK_BYTES`` (``threading``
+    gives a thread the stack size set when it starts: it is started here)."""
+    previous = threading.stack_size(COMPILE_STACK_BYTES)
+    try:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="infer-grammar")
+        executor.submit(lambda: None).result()
+    finally:
+        threading.stack_size(previous)
+    return executor
 
 
 def _add_lexers(compiled: Future[CompiledGrammar]) -> None:

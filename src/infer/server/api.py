@@ -3,6 +3,7 @@ Prometheus metrics and cache statistics around an ``AsyncEngine``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,14 +16,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
+from infer.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
+)
 from infer.server.api_workers import ApiWorkers
 from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
+from infer.server.body_limit import BodyLimit
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
+from infer.server.grammar_check import GrammarChecker
 from infer.server.in_flight import InFlight
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -48,7 +57,7 @@ from infer.server.protocol import (
 )
 from infer.server.responses import ResponseObject, ResponsesRequest, ResponsesServing
 from infer.server.retry_after import RetryAfterEstimator
-from infer.server.serving import check_model, unavailable
+from infer.server.serving import Guards, check_model, unavailable
 from infer.server.tokenize import TokenizeServing
 
 
@@ -62,10 +71,15 @@ def create_app(
     in_flight: InFlight | None = None,
     workers: ApiWorkers | None = None,
     chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
+    grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
     completes once the model is loaded) and stops it. ``chat``: how conversations are
-    rendered and answers read (a reasoning parser).
+    rendered and answers read (a reasoning parser); ``limits`` bound each request's inputs,
+    and its constraint is checked by ``grammar_workers`` processes, each check cut off
+    after ``grammar_timeout`` seconds (``grammar_check.py``).
 
     ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
@@ -90,14 +104,15 @@ def create_app(
             raise
         logprobs = LogprobFormatter(engine.prompts.tokenizer)
         retry_after = RetryAfterEstimator()
-        app.state.completions = CompletionServing(
-            engine, model_name, metrics, logprobs, retry_after
-        )
-        app.state.chat = ChatServing(engine, model_name, metrics, logprobs, retry_after, chat)
+        info = engine.info
+        grammars = GrammarChecker(info.tokenizer_path, info.eos_token_ids, info.vocab_size,
+                                  grammar_workers, grammar_timeout)  # fmt: skip
+        guards = Guards(limits, grammars)
+        serving = (engine, model_name, metrics, logprobs, retry_after, guards)
+        app.state.completions = CompletionServing(*serving)
+        app.state.chat = ChatServing(*serving, chat)
         app.state.tokenize = TokenizeServing(app.state.chat)
-        app.state.responses = ResponsesServing(
-            engine, model_name, metrics, logprobs, retry_after, chat
-        )
+        app.state.responses = ResponsesServing(*serving, chat)
         # Full collections over the start-up heap stall a busy event loop (RESULTS.md, "Host
         # and CPU overheads"); with it frozen, those that remain wait for an idle moment.
         freeze_heap()
@@ -111,6 +126,7 @@ def create_app(
                 if workers is not None:
                     await workers.stop()  # their requests end before the engine does
                 await engine.stop()
+                await asyncio.to_thread(grammars.close)
 
     app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
     app.state.engine = engine
@@ -118,6 +134,7 @@ def create_app(
     install_openapi(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
 
     @app.post(
         "/v1/completions",

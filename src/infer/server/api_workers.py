@@ -6,11 +6,11 @@ up with vLLM's client sending 256 requests at once: four processes served that b
 faster, see ``benchmarks/RESULTS.md``, so ``infer serve`` starts one unless told.)
 
 API workers are whole API processes (the same app, its own tokenizer thread), each
-listening on a socket of its own bound to the server's port (``SO_REUSEPORT``); the kernel
-spreads new connections evenly over them and over the first one, the process that started
-the engine. Each worker talks to the engine over pipes of its own (``engine_pipes.py``);
-the counts of unfinished sequences and of requests are shared (``in_flight.py``), so the
-server's capacity and ``--limit-concurrency`` stay one bound each.
+accepting on the one listening socket that the first process (the one that started the
+engine) bound and handed over: the port is the server's alone (``launch._bind``). Each
+worker talks to the engine over pipes of its own (``engine_pipes.py``); the counts of
+unfinished sequences and of requests are shared (``in_flight.py``), so the server's
+capacity and ``--limit-concurrency`` stay one bound each.
 
 The first process starts the workers before the model loads (they start up meanwhile),
 announces the server only once every worker serves, and on shutdown stops them (each
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.request_limits import RequestLimits
 from infer.server.chat import ChatOptions
 from infer.server.connections import ConnectionLimits
 from infer.server.engine_pipes import PipeEnds
@@ -57,6 +59,9 @@ class HttpSettings:
     limit_concurrency: int  # requests, every API process's together
     connections: ConnectionLimits  # pending ones: each API process's share
     chat: ChatOptions
+    limits: RequestLimits  # of each request's inputs
+    grammar_workers: int  # each API process's
+    grammar_timeout: float
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class WorkerSpec:
     index: int  # 1, 2, ...: 0 is the process that started the engine
     engine_config: EngineConfig
     http: HttpSettings
+    listener: socket.socket  # the server's, inherited
     pipes: PipeEnds
     in_flight: InFlight  # sequences
     requests: InFlight  # requests in the server (``concurrency.py``)

@@ -5,11 +5,12 @@ from its answer with a reasoning parser (``reasoning.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jinja2 import TemplateError
 
 from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.async_engine import AsyncEngine, ChoiceUpdate
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -27,7 +28,7 @@ from infer.server.protocol import (
 )
 from infer.server.reasoning import THINK_END, Reasoning, ReasoningParser
 from infer.server.retry_after import RetryAfterEstimator
-from infer.server.serving import Context, OpenAIServing
+from infer.server.serving import Context, Guards, OpenAIServing
 from infer.server.sse import ROLE_DELTA, chat_chunk_choice, content_delta
 from infer.server.tool_calls import ToolCalls, render
 
@@ -67,9 +68,10 @@ class ChatServing(OpenAIServing):
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,
         retry_after: RetryAfterEstimator,
+        guards: Guards,
         options: ChatOptions = DEFAULT_CHAT_OPTIONS,
     ) -> None:
-        super().__init__(engine, model_name, metrics, logprobs, retry_after)
+        super().__init__(engine, model_name, metrics, logprobs, retry_after, guards)
         self.reasoning_parser = options.reasoning_parser
         self.trust_request_chat_template = options.trust_request_chat_template
 
@@ -107,13 +109,35 @@ class ChatServing(OpenAIServing):
         try:
             return await self.engine.encode_chat(messages, tools_for_template, on_encoded, options)
         except TemplateError as exc:
-            field = "messages" if request.chat_template is None else "chat_template"
-            raise ValueError(f"{field}: the chat template rejected them: {exc}") from exc
+            field = self._rejected_field(request, messages, tools_for_template, options)
+            raise ValueError(f"{field}: the chat template rejected it: {exc}") from exc
 
-    def sampling_params(self, request: SamplingRequest) -> SamplingParams:
+    def _rejected_field(
+        self,
+        request: Conversation,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: PromptOptions,
+    ) -> str:
+        """The field whose content the chat template refused: the first tool it refuses on
+        its own (``tools.N``), else the template the request sent, else the messages.
+        (Rendered again, on this error's path only.)"""
+        tokenizer = self.engine.prompts.tokenizer
+        assert tokenizer is not None  # it rendered them
+        blamed = "messages" if request.chat_template is None else "chat_template"
+        for index, tool in enumerate([None, *(tools or [])]):
+            try:
+                tokenizer.render_chat(messages, None if tool is None else [tool], options.template)
+            except TemplateError:
+                return blamed if tool is None else f"tools.{index - 1}"
+        return blamed
+
+    def sampling_params(
+        self, request: SamplingRequest, constraint: StructuredOutputsParams | None
+    ) -> SamplingParams:
         assert isinstance(request, ChatCompletionRequest)
-        params = request.sampling_params(request.requested_max_tokens, request.num_logprobs)
-        constraint = params.structured_outputs
+        max_tokens, logprobs = request.requested_max_tokens, request.num_logprobs
+        params = request.sampling_params(max_tokens, logprobs, constraint)
         reasoning = self._reasoning(request)
         if constraint is None or reasoning is None or not reasoning.thinking:
             return params

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.async_engine import ChoiceUpdate
 from infer.server.prompt_batcher import OnEncoded, PromptOptions
 from infer.server.protocol import (
@@ -33,9 +33,11 @@ class CompletionServing(OpenAIServing):
         options = PromptOptions(request.add_special_tokens is not False, keep_last)
         return await self.engine.encode_prompts(request.prompts(), on_encoded, options)
 
-    def sampling_params(self, request: SamplingRequest) -> SamplingParams:
+    def sampling_params(
+        self, request: SamplingRequest, constraint: StructuredOutputsParams | None
+    ) -> SamplingParams:
         assert isinstance(request, CompletionRequest)
-        return request.sampling_params(request.max_tokens, request.logprobs)
+        return request.sampling_params(request.max_tokens, request.logprobs, constraint)
 
     def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
         if not (update.token_ids or update.final):

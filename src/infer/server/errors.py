@@ -56,6 +56,11 @@ class APIError(Exception):
         )
 
 
+class BodyTooLargeError(ValueError):
+    """A body that grew past ``--max-body-bytes`` while read (``body_limit.py``); FastAPI
+    reports it as a body it could not parse, which the handlers turn into a 413."""
+
+
 def internal_server_error() -> APIError:
     """What a client sees of a failure inside the server (the log has the details)."""
     return APIError(500, "internal server error (the server logged the details)", "server_error")
@@ -67,17 +72,33 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     loc = [str(part) for part in error.get("loc", ()) if part != "body"]
     if error.get("type") == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", error.get("msg", ""))
-        return APIError(400, f"malformed JSON body: {detail}")
+        where = f" at character {loc[0]}" if loc and loc[0].isdigit() else ""
+        return APIError(400, f"request body: malformed JSON{where}: {detail}", param="body")
     if error.get("type") == "value_error":  # raised by a model validator: "field: message"
         return APIError.bad_request(ValueError(str((error.get("ctx") or {}).get("error", ""))))
     if not loc:
-        return APIError(400, f"request body: {error.get('msg')}")
+        return APIError(400, f"request body: {error.get('msg')}", param="body")
     param = ".".join(part for part in loc if not _is_union_tag(part)) or None
     reason = error.get("msg")
     if error.get("type") == "extra_forbidden":
         reason = unsupported_reason(loc[-1])
     message = f"{param}: {reason}" if param else str(reason)
     return APIError(400, message, param=param)
+
+
+def _unreadable_body(exc: StarletteHTTPException) -> APIError | None:
+    """FastAPI's "There was an error parsing the body" (a body it could not decode) as a
+    400 that says where the body went wrong."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, BodyTooLargeError):
+        return APIError(413, str(cause), param="body")
+    if isinstance(cause, UnicodeDecodeError):
+        reason = f"not UTF-8 at byte {cause.start} ({cause.reason})"
+    else:
+        reason = f"could not be read: {type(cause).__name__}: {cause}"
+    return APIError(400, f"request body: {reason}", param="body")
 
 
 def _is_union_tag(part: str) -> bool:
@@ -99,6 +120,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        unreadable = _unreadable_body(exc)
+        if unreadable is not None:
+            return unreadable.response()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(
             exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})

@@ -40,6 +40,12 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
+from infer.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
+)
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
@@ -139,6 +145,9 @@ def build_server(
     api_server_count: int = 1,
     engine_factory: EngineFactory = load_engine,
     chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
+    grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -152,7 +161,9 @@ def build_server(
     sent a whole request. ``api_server_count`` API processes share the HTTP work
     (``api_workers.py``); with more than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a
     directory before prometheus_client is imported (``infer serve`` sees to it); they count
-    their requests together, and each bounds its share of the pending connections."""
+    their requests together, and each bounds its share of the pending connections.
+    ``limits`` bound each request's inputs; ``grammar_workers`` processes (per API process)
+    check constraints, each check cut off after ``grammar_timeout`` seconds."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -184,7 +195,7 @@ def build_server(
     if limit_concurrency is None:
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
         limit_concurrency = capacity + _SPARE_REQUESTS
-    listener = _bind(host, port, reuse_port=api_server_count > 1)
+    listener = _bind(host, port)
     http = HttpSettings(
         host=host,
         port=listener.getsockname()[1],  # the one bound (port 0: an ephemeral one)
@@ -202,6 +213,9 @@ def build_server(
             pending_per_client=-(-limit_pending_per_client // api_server_count),
         ),
         chat=chat,
+        limits=limits,
+        grammar_workers=grammar_workers,
+        grammar_timeout=grammar_timeout,
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -214,6 +228,7 @@ def build_server(
                 index=i,
                 engine_config=engine_config,
                 http=http,
+                listener=listener,
                 pipes=api_ends[i],
                 in_flight=in_flight.of_process(i),
                 requests=requests.of_process(i),
@@ -241,7 +256,8 @@ def _server(
 ) -> Server:
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
-                     engine_factory, link, in_flight, workers, http.chat)  # fmt: skip
+                     engine_factory, link, in_flight, workers, http.chat, http.limits,
+                     http.grammar_workers, http.grammar_timeout)  # fmt: skip
     config = ServerConfig(
         ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
         http.connections,
@@ -255,11 +271,10 @@ def _server(
 
 
 def serve_api_worker(spec: WorkerSpec) -> None:
-    """Entry point of an API worker process: the same server on a socket of its own bound
-    to the same port, reaching the running engine over its own pipes."""
-    listener = _bind(spec.http.host, spec.http.port, reuse_port=True)
+    """Entry point of an API worker process: the same server on the listening socket its
+    parent bound and handed over, reaching the running engine over its own pipes."""
     link = EngineLink(spec.pipes, None)
-    server = _server(spec.engine_config, spec.http, listener, link, spec.in_flight,
+    server = _server(spec.engine_config, spec.http, spec.listener, link, spec.in_flight,
                      spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
         server.run()
@@ -276,13 +291,15 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def _bind(host: str, port: int) -> socket.socket:
     """The server's listening address, bound now (``ValueError`` naming the port when it
     is taken) and listened on once the model is loaded.
 
-    With ``reuse_port`` every API process binds a socket of its own to the port, and the
-    kernel spreads new connections evenly over them. (One socket shared by all of them
-    went mostly to whichever process woke first: a burst's connections piled up in one.)"""
+    Every API process of the server accepts on this one socket, handed to the workers by
+    the process that bound it. Never ``SO_REUSEPORT``: with it, any process of the same
+    user could bind the port too and silently take a share of the connections (a second
+    ``infer serve`` did); without it, a second server fails here, however many API
+    processes either has."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -292,8 +309,6 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
         raise ValueError(f"host: cannot listen on {host!r}: {exc}") from exc
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind(address)
     except OSError as exc:
         listener.close()

@@ -28,11 +28,8 @@ from infer.engine.sampling_params import (
 from infer.engine.structured import GrammarError
 from infer.tokenizer import ChatTemplateArgs
 
-MAX_N = 128
 MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 1024
-MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_SEED = 2**63 - 1
 
 
@@ -201,7 +198,9 @@ class SamplingRequest(_Request):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(
+        1, ge=1
+    )  # at most --max-n (``infer.request_limits``), as other bounds the server sets
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(
@@ -212,11 +211,11 @@ class SamplingRequest(_Request):
     frequency_penalty: Penalty | None = None
     repetition_penalty: float | None = Field(None, gt=0.0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: str | list[str] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    logit_bias: (
-        Annotated[dict[TokenIdKey, Bias], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None
-    ) = Field(None, description="token id (as a string) → bias in [-100, 100] added to its logit")
+    logit_bias: dict[TokenIdKey, Bias] | None = Field(
+        None, description="token id (as a string) → bias in [-100, 100] added to its logit"
+    )
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
@@ -270,8 +269,14 @@ class SamplingRequest(_Request):
             return self.truncate_prompt_tokens
         return max(1, max_seq_len - (max_tokens or 1))
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """The engine's parameters (``ValueError`` naming the field when out of range)."""
+    def sampling_params(
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        constraint: StructuredOutputsParams | None,
+    ) -> SamplingParams:
+        """The engine's parameters (``ValueError`` naming the field when out of range), with
+        the request's ``constraint`` as checked apart (``grammar_check.py``)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             n=self.n,
@@ -292,8 +297,20 @@ class SamplingRequest(_Request):
             logit_bias=_token_keys(self.logit_bias or {}),
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_outputs=self.constraint(),
+            structured_outputs=constraint,
         )
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The field that constrains the output, if one does (nothing compiled)."""
+        name = next((name for name in _CONSTRAINT_FIELDS if self._gives_constraint(name)), None)
+        if name == "structured_outputs" and self.structured_outputs is not None:
+            given = self.structured_outputs.model_dump(exclude_none=True, by_alias=True)
+            return f"{name}.{next(iter(given))}" if len(given) == 1 else name
+        fmt = self.response_format
+        if name == "response_format" and fmt is not None and fmt.json_schema is not None:
+            return f"{name}.json_schema.schema"
+        return name
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The output's constraint, from whichever field gives one: ``response_format``,
@@ -475,7 +492,7 @@ class ChatCompletionRequest(SamplingRequest, Conversation):
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 asks for none: OpenAI's schema allows it
             raise ValueError("top_logprobs: only allowed when logprobs is true")
         return self
 
@@ -493,6 +510,10 @@ class ChatCompletionRequest(SamplingRequest, Conversation):
         if len(set(names)) != len(names):
             raise ValueError("tools: function names must be unique")
         return self
+
+    @property
+    def constraint_field(self) -> str | None:
+        return "tools" if self.forces_tool_call else super().constraint_field
 
     @property
     def forces_tool_call(self) -> bool:

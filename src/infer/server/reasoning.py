@@ -22,7 +22,7 @@ parser reads only the content, and a constraint's grammar lets the model think f
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from infer.engine.sampling_params import StructuredOutputsParams
@@ -50,7 +50,7 @@ class ReasoningParser:
         optional (the prompt may have written it), as llguidance's documentation writes
         it for reasoning models. ``tags_are_tokens``: the tags are tokens of their own
         (Qwen3's, DeepSeek-R1's), which llguidance matches only as such."""
-        return replace(answer, preamble=THINK_TOKENS if tags_are_tokens else THINK_TEXT)
+        return answer.behind(THINK_TOKENS if tags_are_tokens else THINK_TEXT)
 
 
 # The thoughts, then whitespace (Qwen3 writes a blank line), then the answer's grammar:

@@ -21,9 +21,10 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError
 from infer.engine.structured import GRAMMAR_FIELD
+from infer.request_limits import RequestLimits
 from infer.server.async_engine import (
     ENGINE_FAILED,
     AsyncEngine,
@@ -33,6 +34,7 @@ from infer.server.async_engine import (
     RequestTimeoutError,
 )
 from infer.server.errors import APIError, internal_server_error
+from infer.server.grammar_check import GrammarChecker, GrammarCheckError
 from infer.server.ids import random_hex
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
@@ -46,6 +48,15 @@ from infer.server.tool_calls import ToolCalls
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What a request passes before it costs anything: the server's limits, then its
+    constraint's check in a worker process."""
+
+    limits: RequestLimits
+    grammars: GrammarChecker
 
 
 @dataclass
@@ -100,8 +111,10 @@ class OpenAIServing(ABC):
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,
         retry_after: RetryAfterEstimator,
+        guards: Guards,
     ) -> None:
         self.engine = engine
+        self.guards = guards
         self.model_name = model_name
         self.metrics = metrics
         self.logprobs = logprobs
@@ -123,7 +136,10 @@ class OpenAIServing(ABC):
         (``AsyncEngine.encode_prompts``)."""
 
     @abstractmethod
-    def sampling_params(self, request: SamplingRequest) -> SamplingParams: ...
+    def sampling_params(
+        self, request: SamplingRequest, constraint: StructuredOutputsParams | None
+    ) -> SamplingParams:
+        """The request's parameters, with its ``constraint`` (``grammar_check.py``)."""
 
     def tool_calls(self, request: SamplingRequest) -> ToolCalls | None:
         """How tool calls are read from the output (chat requests with tools)."""
@@ -193,12 +209,16 @@ class OpenAIServing(ABC):
         were encoded (the tokenizer thread: ``AsyncEngine.start_job``)."""
         check_model(request.model, self.model_name)
         try:
-            params = self.sampling_params(request)
+            self.guards.limits.check(request)
+            constraint = await self.guards.grammars.constraint(request)
+            params = self.sampling_params(request, constraint)
             if request.allowed_token_ids is not None:
                 params = self._only_allowed_tokens(params, request.allowed_token_ids)
             params.check_for_model(self.engine.info.vocab_size, self.max_seq_len)
         except ValueError as exc:
             raise APIError.bad_request(exc) from exc
+        except GrammarCheckError as exc:
+            raise APIError(503, str(exc), "server_error", code="unavailable") from exc
         # The engine's ids are the server's own: a client's ``request_id`` names only the
         # response (two clients may send the same one).
         job_id = f"{self.id_prefix}-{random_hex(32)}"

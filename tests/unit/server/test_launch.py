@@ -38,6 +38,23 @@ def test_infer_serve_on_a_busy_port_exits_before_loading_the_model(taken_port: i
     assert "loading" not in done.stderr.lower() and "Uvicorn running" not in done.stderr
 
 
+@pytest.mark.parametrize("api_server_count", [1, 2])
+def test_a_second_server_cannot_join_a_port_shared_by_another(api_server_count: int) -> None:
+    """A process listening with ``SO_REUSEPORT`` (as API processes once did) invites others
+    of its user to share the port; a server never accepts, whatever its process count."""
+    with socket.socket() as first:
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        first.bind(("127.0.0.1", 0))
+        first.listen()
+        port = first.getsockname()[1]
+        command = [sys.executable, "-m", "infer.server", "--model", "smollm2-135m",
+                   "--device", "cpu", "--port", str(port),
+                   "--api-server-count", str(api_server_count)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"port: cannot bind 127.0.0.1:{port}: Address already in use" in done.stderr
+
+
 def test_connection_defaults() -> None:
     config = EngineConfig(
         model="smollm2-135m", device="cpu", max_batch_size=8, max_waiting_requests=24
@@ -81,11 +98,13 @@ def test_several_api_processes_share_the_port_and_the_bounds(
     )
     server = build_server(config, port=0, api_server_count=3)
     try:
-        assert server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+        assert server.workers is not None
+        # one socket, handed to the workers: no other process can join the port
+        assert not server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+        assert all(spec.listener is server.listener for spec in server.workers._specs)
         assert isinstance(server.config.app, ConcurrencyLimit)
         assert server.config.app.limit == 8 + 24 + 256  # counted by all three together
         assert server.config.limits.pending == -(-1024 // 3)  # each process's share
         assert server.config.limits.pending_per_client == -(-256 // 3)
-        assert server.workers is not None
     finally:
         server.listener.close()
