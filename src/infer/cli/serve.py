@@ -9,7 +9,7 @@ import os
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
-from infer.request_limits import (
+from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
     DEFAULT_LIMITS,

@@ -16,12 +16,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
-from infer.request_limits import (
-    DEFAULT_GRAMMAR_TIMEOUT_S,
-    DEFAULT_GRAMMAR_WORKERS,
-    DEFAULT_LIMITS,
-    RequestLimits,
-)
 from infer.server.api_workers import ApiWorkers
 from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
@@ -54,6 +48,12 @@ from infer.server.protocol import (
     ModelCard,
     ModelList,
     TokenizeResponse,
+)
+from infer.server.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
 )
 from infer.server.responses import ResponseObject, ResponsesRequest, ResponsesServing
 from infer.server.retry_after import RetryAfterEstimator

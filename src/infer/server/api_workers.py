@@ -30,12 +30,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
-from infer.request_limits import RequestLimits
 from infer.server.chat import ChatOptions
 from infer.server.connections import ConnectionLimits
 from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import EngineFactory
 from infer.server.in_flight import InFlight
+from infer.server.request_limits import RequestLimits
 
 logger = logging.getLogger(__name__)
 

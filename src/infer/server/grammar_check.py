@@ -27,8 +27,8 @@ from pebble import ProcessExpired, ProcessPool
 
 from infer.engine.sampling_params import StructuredOutputsParams
 from infer.engine.structured import CHECK_STACK_BYTES, language_error, ll_tokenizer
-from infer.request_limits import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_GRAMMAR_WORKERS
 from infer.server.protocol import SamplingRequest
+from infer.server.request_limits import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_GRAMMAR_WORKERS
 from infer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)

@@ -40,12 +40,6 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
-from infer.request_limits import (
-    DEFAULT_GRAMMAR_TIMEOUT_S,
-    DEFAULT_GRAMMAR_WORKERS,
-    DEFAULT_LIMITS,
-    RequestLimits,
-)
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.async_engine import AsyncEngine
@@ -56,6 +50,12 @@ from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
+from infer.server.request_limits import (
+    DEFAULT_GRAMMAR_TIMEOUT_S,
+    DEFAULT_GRAMMAR_WORKERS,
+    DEFAULT_LIMITS,
+    RequestLimits,
+)
 
 logger = logging.getLogger(__name__)
 

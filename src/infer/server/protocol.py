@@ -200,7 +200,7 @@ class SamplingRequest(_Request):
     model: str | None = None
     n: int = Field(
         1, ge=1
-    )  # at most --max-n (``infer.request_limits``), as other bounds the server sets
+    )  # at most --max-n (``infer.server.request_limits``), as other bounds the server sets
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(

@@ -24,7 +24,6 @@ from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError
 from infer.engine.structured import GRAMMAR_FIELD
-from infer.request_limits import RequestLimits
 from infer.server.async_engine import (
     ENGINE_FAILED,
     AsyncEngine,
@@ -41,6 +40,7 @@ from infer.server.metrics import ServerMetrics
 from infer.server.prompt_batcher import OnEncoded
 from infer.server.protocol import SamplingRequest, Usage
 from infer.server.reasoning import Reasoning
+from infer.server.request_limits import RequestLimits
 from infer.server.retry_after import RetryAfterEstimator
 from infer.server.sse import ChunkTemplate
 from infer.server.tool_calls import ToolCalls
