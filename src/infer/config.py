@@ -281,6 +281,7 @@ class EngineConfig:
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
+    quantization: str | None = None  # fp8: weights quantised at load (FP8 checkpoints: as is)
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
@@ -383,6 +384,11 @@ class EngineConfig:
             self.max_graph_tokens >= 0,
             "max_graph_tokens",
             f"must be >= 0, got {self.max_graph_tokens}",
+        )
+        _check(
+            self.quantization in (None, "fp8"),
+            "quantization",
+            f"must be None or 'fp8', got {self.quantization!r}",
         )
         _check(
             self.dtype is None or self.dtype in _DTYPES,

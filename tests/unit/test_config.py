@@ -282,6 +282,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"admission_reserve": 1.0}, "admission_reserve"),
     ({"prefill_chunk_size": 0}, "prefill_chunk_size"),
     ({"max_prefill_chunks_per_step": 0}, "max_prefill_chunks_per_step"),
+    ({"quantization": "int8"}, "quantization"),
     ({"dtype": "float64"}, "dtype"),
     ({"device": "tpu"}, "device"),
     ({"device": "cudafoo"}, "device"),

@@ -29,6 +29,8 @@ _HELP = {
     "max_graph_tokens": "largest step with prompt tokens that replays a graph (0: decode only)",
     "use_launch_pacing": "with async scheduling, queue the next step just before the one in "
     "flight ends, so requests arriving meanwhile join it (default: on)",
+    "quantization": "fp8: FP8 weights with per-channel scales, activations per token "
+    "(default: none; FP8 checkpoints load as they are)",
     "dtype": "float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
     "device": "cpu | cuda[:N] (default: cuda when available)",
     "tensor_parallel_size": "split the model over this many ranks (GPUs, or CPU processes)",

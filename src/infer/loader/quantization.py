@@ -1,0 +1,135 @@
+"""FP8 checkpoints: which ``quantization_config`` formats load as they are, and how their
+tensors map onto the model's FP8 projections.
+
+Two formats hold FP8 (e4m3) weights with a scale per tensor or per output channel:
+
+- ``quant_method: "compressed-tensors"``, ``format: "float-quantized"`` (the ``*-FP8`` and
+  ``*-FP8-dynamic`` checkpoints of llm-compressor): ``*.weight`` and ``*.weight_scale``;
+- ``quant_method: "fp8"`` (AutoFP8, transformers' FP8 config): ``*.weight`` and
+  ``*.weight_scale`` or ``*.weight_scale_inv`` (the same multiplier, DeepSeek's name).
+
+Activations are always scaled per token at run time, so a checkpoint's static
+``input_scale`` is not needed and is dropped; so are KV-cache scales (``k_scale``,
+``v_scale``), which only an FP8 KV cache would read. Anything else (integer or FP4 formats,
+block-wise or grouped scales, projections left unquantised) is refused by name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from infer.models.parallel_layers import CheckpointTensor
+
+# Scales that per-token activation scaling and a model-dtype KV cache do not use.
+_UNUSED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale")
+_PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+_LAYER_PREFIXES = ("model.layers", "model.language_model.layers", "language_model.model.layers")
+
+
+def fp8_checkpoint(hf_config: dict[str, Any]) -> bool:
+    """Whether the checkpoint holds FP8 weights that load as they are; ``ValueError``
+    naming the format when its ``quantization_config`` is one we cannot load."""
+    quant = hf_config.get("quantization_config")
+    if quant is None:
+        return False
+    method = quant.get("quant_method")
+    if method == "compressed-tensors":
+        _check_compressed_tensors(quant)
+        unquantised = quant.get("ignore") or []
+    elif method == "fp8":
+        _check_fp8(quant)
+        unquantised = quant.get("ignored_layers") or quant.get("modules_to_not_convert") or []
+    else:
+        raise ValueError(
+            f"quantization_config: quant_method {method!r} is not supported "
+            "(FP8 checkpoints: 'compressed-tensors' float-quantized, or 'fp8')"
+        )
+    _check_unquantised(unquantised, hf_config)
+    return True
+
+
+def fp8_tensors(
+    tensors: Iterator[tuple[str, CheckpointTensor]],
+) -> Iterator[tuple[str, CheckpointTensor]]:
+    """An FP8 checkpoint's tensors under the names the model loads: ``weight_scale_inv``
+    as ``weight_scale``, unused activation and KV scales left out."""
+    for name, tensor in tensors:
+        if name.endswith(_UNUSED_SUFFIXES):
+            continue
+        if name.endswith(".weight_scale_inv"):
+            name = name.removesuffix("_inv")
+        yield name, tensor
+
+
+def _check_compressed_tensors(quant: dict[str, Any]) -> None:
+    fmt = quant.get("format")
+    if fmt != "float-quantized":
+        raise ValueError(
+            f"quantization_config: compressed-tensors format {fmt!r} is not supported "
+            "(only 'float-quantized', FP8 weights)"
+        )
+    for group_name, group in (quant.get("config_groups") or {}).items():
+        weights = group.get("weights") or {}
+        scheme = (weights.get("type"), weights.get("num_bits"), weights.get("strategy"))
+        if scheme[:2] != ("float", 8) or scheme[2] not in ("tensor", "channel"):
+            raise ValueError(
+                f"quantization_config: config group {group_name!r} has weights of type "
+                f"{scheme[0]!r}, {scheme[1]} bits, strategy {scheme[2]!r}; supported: "
+                "float, 8 bits, strategy 'tensor' or 'channel'"
+            )
+        activations = group.get("input_activations")
+        if activations is not None and (activations.get("type"), activations.get("num_bits")) != (
+            "float",
+            8,
+        ):
+            raise ValueError(
+                f"quantization_config: config group {group_name!r} has input activations "
+                f"of type {activations.get('type')!r}, {activations.get('num_bits')} bits; "
+                "supported: float, 8 bits"
+            )
+
+
+def _check_fp8(quant: dict[str, Any]) -> None:
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"quantization_config: fp8 fmt {fmt!r} is not supported (only e4m3)")
+    block = quant.get("weight_block_size")
+    if block is not None:
+        raise ValueError(
+            f"quantization_config: fp8 weight_block_size {block} (block-wise scales) is not "
+            "supported; per-tensor and per-channel scales are"
+        )
+
+
+def _check_unquantised(entries: list[str], hf_config: dict[str, Any]) -> None:
+    """Every decoder projection must be FP8 (the LM head and a vision tower may be left
+    out): an entry naming or matching one is refused."""
+    text = hf_config.get("text_config") or hf_config
+    layers = int(text.get("num_hidden_layers", 0))
+    names = [
+        f"{prefix}.{i}.{proj}"
+        for prefix in _LAYER_PREFIXES
+        for i in range(layers)
+        for proj in _PROJECTIONS
+    ]
+    for entry in entries:
+        if entry.startswith("re:"):
+            pattern = re.compile(entry[3:])
+            hit = next((n for n in names if pattern.match(n)), None)
+        else:
+            hit = entry if entry in names else None
+        if hit is not None:
+            raise ValueError(
+                f"quantization_config: ignore entry {entry!r} leaves {hit} unquantised; "
+                "mixed FP8 and unquantised projections are not supported"
+            )
