@@ -96,7 +96,7 @@ def test_fp8_column_takes_checkpoint_rows_and_per_tensor_or_channel_scales() -> 
     assert torch.equal(layer.weight.float(), torch.cat([q_fp8[4:], k_fp8]).float())
     assert layer.weight_scale is not None
     assert layer.weight_scale.tolist() == [5.0, 6.0, 7.0, 8.0, 0.5, 0.5, 0.5, 0.5]
-    with pytest.raises(ValueError, match="q_scale: 3 scales, expected 1 .* or 8"):
+    with pytest.raises(ValueError, match=r"q_scale: 3 scales, expected 1 .* or 8"):
         layer.load("weight_scale", torch.ones(3), "q_scale", "q")
 
 
@@ -119,9 +119,9 @@ def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
 
 def test_fp8_tensors_need_an_fp8_layer() -> None:
     layer = RowParallelLinear(8, 3, False, ranks(1)[0])
-    with pytest.raises(ValueError, match="o_proj.weight: FP8 weights, but"):
+    with pytest.raises(ValueError, match=r"o_proj\.weight: FP8 weights, but"):
         layer.load("weight", torch.randn(3, 8).to(FP8), "o_proj.weight", None)
-    with pytest.raises(ValueError, match="o_proj.weight_scale: a weight scale for a layer"):
+    with pytest.raises(ValueError, match=r"o_proj\.weight_scale: a weight scale for a layer"):
         layer.load("weight_scale", torch.ones(3), "o_proj.weight_scale", None)
 
 
