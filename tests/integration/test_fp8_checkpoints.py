@@ -155,6 +155,19 @@ def test_fp8_checkpoint_generates_what_quantising_at_load_generates(
     assert [r.outputs[0].token_ids for r in ours] == [r.outputs[0].token_ids for r in theirs]
 
 
+def test_kv_cache_scales_load_as_the_attention_layers_scales(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    checkpoint = write_fp8_checkpoint(tiny_checkpoint("llama"), tmp_path / "fp8", "ct-tensor")
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    tensors["model.layers.1.self_attn.k_scale"] = torch.tensor(2.0)
+    tensors["model.layers.1.self_attn.v_proj.output_scale"] = torch.tensor([0.5])  # older name
+    save_file(tensors, str(checkpoint / "model.safetensors"))
+    model = load(checkpoint)
+    assert model.model.layers[1].self_attn.kv_scales == (2.0, 0.5)
+    assert model.model.layers[0].self_attn.kv_scales == (1.0, 1.0)  # none given: 1
+
+
 def test_a_missing_scale_is_named(tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
     checkpoint = write_fp8_checkpoint(tiny_checkpoint("llama"), tmp_path / "fp8", "ct-tensor")
     tensors = load_file(str(checkpoint / "model.safetensors"))

@@ -21,7 +21,7 @@ from infer.distributed.group import SINGLE, ParallelGroup
 from infer.loader.dummy import fill_dummy_weights
 from infer.loader.gguf import GGUFFile
 from infer.loader.presets import DEFAULT_MODEL, embedded_model_path, preset_config, preset_names
-from infer.loader.quantization import fp8_checkpoint, fp8_tensors
+from infer.loader.quantization import KV_SCALE_SUFFIXES, fp8_checkpoint, fp8_tensors
 from infer.loader.safetensors import SafetensorsCheckpoint, download_from_hub
 from infer.models import DecoderModel, model_class
 from infer.models.parallel_layers import CheckpointTensor
@@ -125,6 +125,8 @@ def load_checkpoint(
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
+        if name.endswith(KV_SCALE_SUFFIXES) and model.load_weight(name, tensor):
+            continue  # optional: an FP8 KV cache without them scales by 1
         # Checked against the expected names first: a layer index beyond the model's depth
         # would otherwise fail inside ``load_weight`` without naming the tensor.
         if name not in expected or not model.load_weight(name, tensor):

@@ -9,9 +9,10 @@ Two formats hold FP8 (e4m3) weights with a scale per tensor or per output channe
   ``*.weight_scale`` or ``*.weight_scale_inv`` (the same multiplier, DeepSeek's name).
 
 Activations are always scaled per token at run time, so a checkpoint's static
-``input_scale`` is not needed and is dropped; so are KV-cache scales (``k_scale``,
-``v_scale``), which only an FP8 KV cache would read. Anything else (integer or FP4 formats,
-block-wise or grouped scales, projections left unquantised) is refused by name.
+``input_scale`` is not needed and is dropped. KV-cache scales (``self_attn.k_scale`` and
+``v_scale``, or the older ``k_proj.output_scale`` and ``v_proj.output_scale``) load as the
+per-tensor scales of an FP8 KV cache. Anything else (integer or FP4 formats, block-wise or
+grouped scales, projections left unquantised) is refused by name.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from typing import Any
 
 from infer.models.parallel_layers import CheckpointTensor
 
-# Scales that per-token activation scaling and a model-dtype KV cache do not use.
-_UNUSED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale")
+KV_SCALE_SUFFIXES = (".self_attn.k_scale", ".self_attn.v_scale")
+_KV_SCALE_ALIASES = {
+    ".self_attn.k_proj.output_scale": ".self_attn.k_scale",
+    ".self_attn.v_proj.output_scale": ".self_attn.v_scale",
+}
 _PROJECTIONS = (
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -43,6 +47,7 @@ def fp8_checkpoint(hf_config: dict[str, Any]) -> bool:
     if quant is None:
         return False
     method = quant.get("quant_method")
+    _check_kv_cache_scheme(quant)
     if method == "compressed-tensors":
         _check_compressed_tensors(quant)
         unquantised = quant.get("ignore") or []
@@ -62,12 +67,16 @@ def fp8_tensors(
     tensors: Iterator[tuple[str, CheckpointTensor]],
 ) -> Iterator[tuple[str, CheckpointTensor]]:
     """An FP8 checkpoint's tensors under the names the model loads: ``weight_scale_inv``
-    as ``weight_scale``, unused activation and KV scales left out."""
+    as ``weight_scale``, KV scales as ``self_attn.k_scale`` / ``v_scale``, activation
+    scales left out."""
     for name, tensor in tensors:
-        if name.endswith(_UNUSED_SUFFIXES):
+        if name.endswith(".input_scale"):
             continue
         if name.endswith(".weight_scale_inv"):
             name = name.removesuffix("_inv")
+        for alias, kv_name in _KV_SCALE_ALIASES.items():
+            if name.endswith(alias):
+                name = name.removesuffix(alias) + kv_name
         yield name, tensor
 
 
@@ -97,6 +106,18 @@ def _check_compressed_tensors(quant: dict[str, Any]) -> None:
                 f"of type {activations.get('type')!r}, {activations.get('num_bits')} bits; "
                 "supported: float, 8 bits"
             )
+
+
+def _check_kv_cache_scheme(quant: dict[str, Any]) -> None:
+    scheme = quant.get("kv_cache_scheme")
+    if scheme is None:
+        return
+    kind = (scheme.get("type"), scheme.get("num_bits"), scheme.get("strategy", "tensor"))
+    if kind != ("float", 8, "tensor"):
+        raise ValueError(
+            f"quantization_config: kv_cache_scheme of type {kind[0]!r}, {kind[1]} bits, "
+            f"strategy {kind[2]!r} is not supported (float, 8 bits, per tensor)"
+        )
 
 
 def _check_fp8(quant: dict[str, Any]) -> None:

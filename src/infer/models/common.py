@@ -136,6 +136,8 @@ class Attention(nn.Module):
         # Bound by the engine to this layer's slice of the block pool.
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
+        # What an FP8 cache multiplies K and V by: the checkpoint's, else 1 (as vLLM).
+        self.kv_scales = (1.0, 1.0)
 
     def forward(self, x: Tensor, meta: AttentionMetadata, cos_sin: Tensor) -> Tensor:
         tokens = x.shape[0]
@@ -156,6 +158,7 @@ class Attention(nn.Module):
             cos_sin=cos_sin,
             scale=self.scale,
             sliding_window=self.sliding_window,
+            kv_scales=self.kv_scales,
         )
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -293,6 +296,11 @@ class DecoderModel(nn.Module):
         except AttributeError:
             return False
         param = parts[-1]
+        if isinstance(module, Attention) and param in ("k_scale", "v_scale"):
+            value = float(torch.as_tensor(tensor[...]))
+            k, v = module.kv_scales
+            module.kv_scales = (value, v) if param == "k_scale" else (k, value)
+            return True
         if isinstance(module, ShardedModule):
             module.load(param, tensor, name, shard)
             return True

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max  # 448
+from infer.kernels.fp8 import FP8, FP8_MAX, to_fp8
+
+__all__ = ["FP8", "FP8_MAX", "dequantize_rows", "fp8_linear", "quantize_rows"]
 # An all-zero row gets this scale instead of 0, so quantising it divides by something.
 _MIN_SCALE = 1e-12
 # ``_scaled_mm`` takes K and N that are multiples of 16 (M is free).
@@ -23,10 +24,8 @@ _SCALED_MM_ALIGN = 16
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """``(q, scale)``: ``x`` ``[..., K]`` in FP8, each row scaled so its largest magnitude
     maps to 448, and the float32 scales ``[...]`` (``x ≈ q * scale[..., None]``)."""
-    wide = x.float()
-    scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=_MIN_SCALE) / FP8_MAX
-    q = (wide / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale.squeeze(-1)
+    scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=_MIN_SCALE) / FP8_MAX
+    return to_fp8(x, scale), scale.squeeze(-1)
 
 
 def dequantize_rows(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

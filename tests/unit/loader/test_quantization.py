@@ -64,6 +64,10 @@ UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
         "ignore entry 'model.layers.1.mlp.down_proj' leaves",
     ),
     (
+        compressed(FP8_CHANNEL, kv_cache_scheme={"type": "int", "num_bits": 8}),
+        "kv_cache_scheme of type 'int'",
+    ),
+    (
         compressed(FP8_CHANNEL, ignore=["re:.*self_attn.*"]),
         "leaves model.layers.0.self_attn.q_proj unquantised",
     ),
@@ -76,18 +80,21 @@ def test_unsupported_formats_are_named(config: dict[str, Any], message: str) -> 
         fp8_checkpoint(config)
 
 
-def test_scales_are_renamed_and_unused_ones_dropped() -> None:
+def test_scales_are_renamed_and_activation_scales_dropped() -> None:
     one = torch.ones(1)
     names = [
         "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.mlp.up_proj.weight_scale_inv",
         "model.layers.0.mlp.up_proj.input_scale",
         "model.layers.0.self_attn.k_scale",
+        "model.layers.0.self_attn.v_proj.output_scale",
         "model.layers.0.self_attn.o_proj.weight_scale",
     ]
     kept = [name for name, _ in fp8_tensors(iter([(n, one) for n in names]))]
     assert kept == [
         "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.mlp.up_proj.weight_scale",
+        "model.layers.0.self_attn.k_scale",
+        "model.layers.0.self_attn.v_scale",
         "model.layers.0.self_attn.o_proj.weight_scale",
     ]
