@@ -3,8 +3,9 @@
 Every configuration reads the same text in windows of ``--window`` tokens (each window a
 fresh prefill, every position predicting the next token) and is compared position by
 position with the float32 model and the bfloat16 one: top-1 agreement, mean KL divergence
-from float32, and perplexity of the text. FP8 runs the CPU reference of the W8A8 matmul
-(the math ``torch._scaled_mm`` does on a GPU).
+from float32, and perplexity of the text. FP8 weights run the CPU reference of the W8A8
+matmul (the math ``torch._scaled_mm`` does on a GPU); an FP8 KV cache is written and read
+by the torch attention path (scale 1 per tensor: a GGUF file carries no KV scales).
 
     PYTHONPATH=src python benchmarks/fp8_quality.py [--model smollm2-135m] [--out DIR]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,12 +30,15 @@ from infer.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "quality_text.txt"
 BLOCK = 16
-# (label, activation / model dtype, quantization)
+FP8 = torch.float8_e4m3fn
+# (label, activation / model dtype, weight quantization, KV cache dtype or None: the model's)
 CONFIGS = [
-    ("float32", torch.float32, None),
-    ("bfloat16", torch.bfloat16, None),
-    ("fp8 weights, float32 activations", torch.float32, "fp8"),
-    ("fp8 weights, bfloat16 activations", torch.bfloat16, "fp8"),
+    ("float32", torch.float32, None, None),
+    ("bfloat16", torch.bfloat16, None, None),
+    ("fp8 weights, float32 activations", torch.float32, "fp8", None),
+    ("fp8 weights, bfloat16 activations", torch.bfloat16, "fp8", None),
+    ("bfloat16, fp8 KV cache", torch.bfloat16, None, FP8),
+    ("fp8 weights, bfloat16 activations, fp8 KV cache", torch.bfloat16, "fp8", FP8),
 ]
 
 
@@ -51,12 +56,12 @@ class Score:
         return math.exp(self.nll / self.positions)
 
 
-def window_logits(model: DecoderModel, tokens: list[int]) -> torch.Tensor:
+def window_logits(model: DecoderModel, tokens: list[int], kv_dtype: torch.dtype) -> torch.Tensor:
     """float32 log-probabilities ``[len(tokens), vocab]`` of one prefill from scratch."""
-    config, dtype = model.config, model.lm_head.weight.dtype
+    config = model.config
     blocks = -(-len(tokens) // BLOCK)
-    k = torch.zeros(config.num_layers, blocks, config.num_kv_heads, BLOCK, config.head_dim)
-    model.bind_kv_cache(k.to(dtype), torch.zeros_like(k, dtype=dtype))
+    shape = (config.num_layers, blocks, config.num_kv_heads, BLOCK, config.head_dim)
+    model.bind_kv_cache(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
     seq = ScheduledSequence(list(range(blocks)), 0, tokens)
     ids, meta = build_metadata([seq], BLOCK, torch.device("cpu"))
     return F.log_softmax(model.compute_logits(model(ids, meta)).float(), dim=-1)
@@ -66,13 +71,17 @@ def window_logits(model: DecoderModel, tokens: list[int]) -> torch.Tensor:
 def evaluate(source: ModelSource, tokens: list[int], window: int) -> list[Score]:
     models = {
         label: load_model(source, torch.device("cpu"), dtype, window, quantization=quant)[0]
-        for label, dtype, quant in CONFIGS
+        for label, dtype, quant, _ in CONFIGS
     }
+    kv_dtypes = {label: kv or dtype for label, dtype, _, kv in CONFIGS}
     scores = {label: Score(label) for label in models}
     for start in range(0, len(tokens) - 1, window):
         chunk = tokens[start : start + window + 1]
         inputs, targets = chunk[:-1], torch.tensor(chunk[1:])
-        logprobs = {label: window_logits(model, inputs) for label, model in models.items()}
+        logprobs = {
+            label: window_logits(model, inputs, kv_dtypes[label]) for label, model in models.items()
+        }
+        print(f"window at {start}: done", file=sys.stderr, flush=True)
         top_fp32 = logprobs["float32"].argmax(-1)
         top_bf16 = logprobs["bfloat16"].argmax(-1)
         for label, lp in logprobs.items():
