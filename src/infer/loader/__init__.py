@@ -154,7 +154,7 @@ def load_model(
     ``tensor_parallel_size`` computes the same model. With ``quantization="fp8"`` each
     rank quantises its slices; an FP8 checkpoint loads as it is, with or without it."""
     config = ModelConfig.from_hf_dict(source.hf_config)
-    fp8_weights = source.kind == "safetensors" and fp8_checkpoint(source.hf_config)
+    fp8_format = fp8_checkpoint(source.hf_config) if source.kind == "safetensors" else None
     if source.kind == "preset" and load_format != "dummy":
         raise ValueError(
             f"load_format: preset {source.name!r} has shapes but no weights; "
@@ -164,7 +164,7 @@ def load_model(
         raise ValueError(
             f"load_format: {load_format!r} does not match {source.name} (a {source.kind} model)"
         )
-    fp8 = fp8_weights or quantization == "fp8"
+    fp8 = fp8_format is not None or quantization == "fp8"
     model = build_model(config, device, dtype, max_positions, group, fp8)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
@@ -180,6 +180,9 @@ def load_model(
     else:
         assert source.path is not None
         checkpoint = SafetensorsCheckpoint(source.path)
-        tensors = fp8_tensors(checkpoint.tensors()) if fp8_weights else checkpoint.tensors()
-        load_checkpoint(model, tensors, checkpoint.num_tensors(), source.name, fp8_weights)
+        tensors = checkpoint.tensors()
+        if fp8_format is not None:
+            tensors = fp8_tensors(tensors, fp8_format)
+        as_stored = fp8_format is not None and fp8_format.block is None  # with their scales
+        load_checkpoint(model, tensors, checkpoint.num_tensors(), source.name, as_stored)
     return model, config

@@ -8,6 +8,11 @@ Two formats hold FP8 (e4m3) weights with a scale per tensor or per output channe
 - ``quant_method: "fp8"`` (AutoFP8, transformers' FP8 config): ``*.weight`` and
   ``*.weight_scale`` or ``*.weight_scale_inv`` (the same multiplier, DeepSeek's name).
 
+Those load bit for bit. ``quant_method: "fp8"`` with ``weight_block_size`` (a scale per
+block, Qwen3's and DeepSeek's ``*-FP8``) loads too, but not as stored: each weight is
+dequantised by its blocks' scales and quantised again per output channel, a second
+rounding, until the matmul takes block scales (a GPU session's work).
+
 Activations are always scaled per token at run time, so a checkpoint's static
 ``input_scale`` is not needed and is dropped. KV-cache scales (``self_attn.k_scale`` and
 ``v_scale``, or the older ``k_proj.output_scale`` and ``v_proj.output_scale``) load as the
@@ -19,7 +24,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from infer.models.parallel_layers import CheckpointTensor
 
@@ -38,14 +47,23 @@ _PROJECTIONS = (
     "mlp.down_proj",
 )
 _LAYER_PREFIXES = ("model.layers", "model.language_model.layers", "language_model.model.layers")
+_PROJECTION_NAMES = {projection.split(".")[1] for projection in _PROJECTIONS}
 
 
-def fp8_checkpoint(hf_config: dict[str, Any]) -> bool:
-    """Whether the checkpoint holds FP8 weights that load as they are; ``ValueError``
+@dataclass(frozen=True)
+class FP8Checkpoint:
+    """How an FP8 checkpoint scales its weights: per tensor or channel (``block`` None,
+    loaded as stored), or per ``block`` of (rows, columns) (re-quantised at load)."""
+
+    block: tuple[int, int] | None = None
+
+
+def fp8_checkpoint(hf_config: dict[str, Any]) -> FP8Checkpoint | None:
+    """The checkpoint's FP8 format, None if it declares no quantisation; ``ValueError``
     naming the format when its ``quantization_config`` is one we cannot load."""
     quant = hf_config.get("quantization_config")
     if quant is None:
-        return False
+        return None
     method = quant.get("quant_method")
     _check_kv_cache_scheme(quant)
     if method == "compressed-tensors":
@@ -60,20 +78,29 @@ def fp8_checkpoint(hf_config: dict[str, Any]) -> bool:
             "(FP8 checkpoints: 'compressed-tensors' float-quantized, or 'fp8')"
         )
     _check_unquantised(unquantised, hf_config)
-    return True
+    block = quant.get("weight_block_size") if method == "fp8" else None
+    return FP8Checkpoint(None if block is None else (int(block[0]), int(block[1])))
 
 
 def fp8_tensors(
-    tensors: Iterator[tuple[str, CheckpointTensor]],
+    tensors: Iterator[tuple[str, CheckpointTensor]], fmt: FP8Checkpoint
 ) -> Iterator[tuple[str, CheckpointTensor]]:
     """An FP8 checkpoint's tensors under the names the model loads: ``weight_scale_inv``
     as ``weight_scale``, KV scales as ``self_attn.k_scale`` / ``v_scale``, activation
-    scales left out."""
+    scales left out; block-scaled weights dequantised (float32), their scales consumed."""
+    pending: dict[str, Tensor] = {}  # a block-scaled weight or its scale, until both came
     for name, tensor in tensors:
         if name.endswith(".input_scale"):
             continue
         if name.endswith(".weight_scale_inv"):
             name = name.removesuffix("_inv")
+        if fmt.block is not None and _is_projection(name):
+            weight_name = name.removesuffix("_scale")
+            pending[name] = torch.as_tensor(tensor[...])
+            if {weight_name, weight_name + "_scale"} <= pending.keys():
+                weight, scale = pending.pop(weight_name), pending.pop(weight_name + "_scale")
+                yield weight_name, dequantize_blocks(weight, scale, fmt.block)
+            continue
         for alias, kv_name in _KV_SCALE_ALIASES.items():
             if name.endswith(alias):
                 name = name.removesuffix(alias) + kv_name
@@ -108,6 +135,20 @@ def _check_compressed_tensors(quant: dict[str, Any]) -> None:
             )
 
 
+def dequantize_blocks(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """``weight [N, K]`` times the scale of its ``block`` (``scale [ceil(N/bn), ceil(K/bk)]``),
+    in float32."""
+    rows, columns = weight.shape
+    per_element = scale.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    return weight.float() * per_element[:rows, :columns]
+
+
+def _is_projection(name: str) -> bool:
+    """A decoder projection's ``weight`` or ``weight_scale``."""
+    parts = name.split(".")
+    return parts[-1] in ("weight", "weight_scale") and parts[-2] in _PROJECTION_NAMES
+
+
 def _check_kv_cache_scheme(quant: dict[str, Any]) -> None:
     scheme = quant.get("kv_cache_scheme")
     if scheme is None:
@@ -125,10 +166,9 @@ def _check_fp8(quant: dict[str, Any]) -> None:
     if fmt != "e4m3":
         raise ValueError(f"quantization_config: fp8 fmt {fmt!r} is not supported (only e4m3)")
     block = quant.get("weight_block_size")
-    if block is not None:
+    if block is not None and (len(block) != 2 or min(block) < 1):
         raise ValueError(
-            f"quantization_config: fp8 weight_block_size {block} (block-wise scales) is not "
-            "supported; per-tensor and per-channel scales are"
+            f"quantization_config: fp8 weight_block_size {block} is not [rows, columns]"
         )
 
 

@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 import torch
 
-from infer.loader.quantization import fp8_checkpoint, fp8_tensors
+from infer.loader.quantization import (
+    FP8Checkpoint,
+    dequantize_blocks,
+    fp8_checkpoint,
+    fp8_tensors,
+)
 
 LAYERS = {"num_hidden_layers": 2}
 
@@ -37,12 +42,17 @@ FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel"}
     ],
     ids=["ct-channel", "ct-tensor", "ct-vision-ignored", "fp8-tensor"],
 )
-def test_fp8_formats_with_tensor_or_channel_scales_load(config: dict[str, Any]) -> None:
-    assert fp8_checkpoint(config)
+def test_fp8_formats_with_tensor_or_channel_scales_load_as_stored(config: dict[str, Any]) -> None:
+    assert fp8_checkpoint(config) == FP8Checkpoint(block=None)
+
+
+def test_block_scaled_fp8_loads_with_its_block_shape() -> None:
+    quant = {"quant_method": "fp8", "weight_block_size": [128, 64]}
+    assert fp8_checkpoint({**LAYERS, "quantization_config": quant}) == FP8Checkpoint((128, 64))
 
 
 def test_a_checkpoint_without_quantization_config_is_not_fp8() -> None:
-    assert not fp8_checkpoint(LAYERS)
+    assert fp8_checkpoint(LAYERS) is None
 
 
 UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
@@ -52,11 +62,8 @@ UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
     (compressed({**FP8_CHANNEL, "strategy": "block"}), "strategy 'block'"),
     (compressed({**FP8_CHANNEL, "num_bits": 4}), "4 bits"),
     (
-        {
-            **LAYERS,
-            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
-        },
-        r"weight_block_size \[128, 128\]",
+        {**LAYERS, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}},
+        r"weight_block_size \[128\] is not \[rows, columns\]",
     ),
     ({**LAYERS, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "fmt 'e5m2'"),
     (
@@ -90,7 +97,7 @@ def test_scales_are_renamed_and_activation_scales_dropped() -> None:
         "model.layers.0.self_attn.v_proj.output_scale",
         "model.layers.0.self_attn.o_proj.weight_scale",
     ]
-    kept = [name for name, _ in fp8_tensors(iter([(n, one) for n in names]))]
+    kept = [name for name, _ in fp8_tensors(iter([(n, one) for n in names]), FP8Checkpoint())]
     assert kept == [
         "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.mlp.up_proj.weight_scale",
@@ -98,3 +105,21 @@ def test_scales_are_renamed_and_activation_scales_dropped() -> None:
         "model.layers.0.self_attn.v_scale",
         "model.layers.0.self_attn.o_proj.weight_scale",
     ]
+
+
+def test_block_scaled_weights_come_out_dequantised_once_their_scale_came() -> None:
+    weight = torch.randn(5, 6).to(torch.float8_e4m3fn)
+    scale = torch.tensor([[1.0, 2.0], [3.0, 4.0]])  # blocks of 4 rows x 3 columns
+    expected = weight.float() * torch.tensor([[1.0] * 3 + [2.0] * 3] * 4 + [[3.0] * 3 + [4.0] * 3])
+    assert torch.equal(dequantize_blocks(weight, scale, (4, 3)), expected)
+    stream = [
+        ("model.layers.0.mlp.up_proj.weight_scale_inv", scale),  # the scale may come first
+        ("model.layers.0.input_layernorm.weight", torch.ones(6)),
+        ("model.layers.0.mlp.up_proj.weight", weight),
+    ]
+    out = list(fp8_tensors(iter(stream), FP8Checkpoint((4, 3))))
+    assert [name for name, _ in out] == [
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
+    assert torch.equal(out[1][1], expected)
