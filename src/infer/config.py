@@ -281,6 +281,8 @@ class EngineConfig:
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
+    quantization: str | None = None  # fp8: weights quantised at load (FP8 checkpoints: as is)
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8: e4m3, a scale per tensor
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
@@ -385,6 +387,22 @@ class EngineConfig:
             f"must be >= 0, got {self.max_graph_tokens}",
         )
         _check(
+            self.quantization in (None, "fp8"),
+            "quantization",
+            f"must be None or 'fp8', got {self.quantization!r}",
+        )
+        _check(
+            self.kv_cache_dtype in ("auto", "fp8"),
+            "kv_cache_dtype",
+            f"must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}",
+        )
+        _check(
+            self.kv_cache_dtype == "auto" or self.resolved_device.type == "cpu",
+            "kv_cache_dtype",
+            "'fp8' is read by the torch attention path only; the Triton kernels (CUDA) "
+            "do not read an FP8 cache yet (issue 37)",
+        )
+        _check(
             self.dtype is None or self.dtype in _DTYPES,
             "dtype",
             f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}",
@@ -457,6 +475,11 @@ class EngineConfig:
             dtype: torch.dtype = getattr(torch, self.dtype)
             return dtype
         return torch.bfloat16 if self.resolved_device.type == "cuda" else torch.float32
+
+    def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        import torch
+
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else model_dtype
 
     @property
     def cuda_graphs_enabled(self) -> bool:

@@ -23,10 +23,12 @@ def attend(
     cos_sin: Tensor,
     scale: float,
     sliding_window: int = 0,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> Tensor:
     """Rotate ``q`` and ``k`` (RoPE at ``meta.positions``, table ``cos_sin``), write this
     step's K/V into the cache, then attend: ``q [T, H, D]`` → ``[T, H, D]``. On the GPU the
-    rotation and the write are one kernel, and ``q`` is rotated in place."""
+    rotation and the write are one kernel, and ``q`` is rotated in place. An FP8 cache
+    holds K and V divided by ``kv_scales`` (the torch path only, so far)."""
     if use_triton(q):
         from infer.attention.triton_backend import paged_attention_triton
         from infer.kernels.rope_kv_write_triton import rope_and_write_kv_triton
@@ -36,5 +38,5 @@ def attend(
         )
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, sliding_window)
     q, k = apply_rope_torch(q, k, meta.positions, cos_sin)
-    write_kv_planned(k, v, k_cache, v_cache, meta)
-    return paged_attention_torch(q, k_cache, v_cache, meta, scale, sliding_window)
+    write_kv_planned(k, v, k_cache, v_cache, meta, kv_scales)
+    return paged_attention_torch(q, k_cache, v_cache, meta, scale, sliding_window, kv_scales)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from infer.attention.metadata import AttentionMetadata
+from infer.kernels.fp8 import FP8
 from infer.kernels.kv_write import write_kv_torch
 
 
@@ -84,11 +85,16 @@ def _gather(cache: Tensor, plan: _GatherPlan) -> Tensor:
 
 
 def write_kv_planned(
-    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """``write_kv_torch`` with the written rows found once per step, not once per layer."""
     rows = _plan(meta, k_cache.shape[2]).written_rows
-    write_kv_torch(k, v, k_cache, v_cache, meta.slot_mapping, rows)
+    write_kv_torch(k, v, k_cache, v_cache, meta.slot_mapping, rows, kv_scales)
 
 
 def paged_attention_torch(
@@ -98,16 +104,20 @@ def paged_attention_torch(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int = 0,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> Tensor:
     """Attention of ``q [T, H, D]`` over the paged cache ``[N, Hkv, BS, D]`` → ``[T, H, D]``.
 
-    The new tokens' K/V must already be written to the cache.
+    The new tokens' K/V must already be written to the cache. An FP8 cache is read
+    dequantised: its values times ``kv_scales`` (one per tensor, K and V).
     """
     plan = _plan(meta, k_cache.shape[2])
     mask = _mask(meta, plan, sliding_window)
     q_pad = q[plan.query_index].transpose(1, 2)  # [B, H, Q, D]
     k = _gather(k_cache, plan).to(q.dtype)
     v = _gather(v_cache, plan).to(q.dtype)
+    if k_cache.dtype == FP8:
+        k, v = k * kv_scales[0], v * kv_scales[1]
     out = F.scaled_dot_product_attention(
         q_pad, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )

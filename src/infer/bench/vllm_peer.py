@@ -91,8 +91,9 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
     torch.compile, prefix caching, chunked prefill) and the settings to record.
 
     Of infer's flags it takes ``--model``, ``--load-format``, ``--dtype``,
-    ``--gpu-memory-utilization``, ``--tensor-parallel-size`` and ``--seed``; the context is
-    infer's (``max_seq_len``)."""
+    ``--gpu-memory-utilization``, ``--tensor-parallel-size``, ``--quantization`` (vLLM's
+    online ``fp8``; its documented scales are per tensor, ours per channel and per token)
+    and ``--seed``; the context is infer's (``max_seq_len``)."""
     vllm = import_vllm()
     folder, load_format = model_folder(config.model, config.load_format)
     dtype = str(config.torch_dtype).removeprefix("torch.")
@@ -106,6 +107,8 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
         "tensor_parallel_size": config.tensor_parallel_size,
         "seed": config.seed,
     }
+    if config.quantization is not None:
+        options["quantization"] = config.quantization
     started = time.perf_counter()
     llm = vllm.LLM(**options)
     details = {

@@ -170,6 +170,11 @@ def _add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto (--dtype) | fp8 (one byte per cached element)",
+    )
+    parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=1.0,
@@ -251,7 +256,7 @@ def _header(
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    footprint = load_footprint(args.model, args.dtype)
+    footprint = load_footprint(args.model, args.dtype, args.kv_cache_dtype)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
     try:
         averages = [int(value) for value in args.avg_tokens.split(",")]

@@ -44,7 +44,7 @@ class KVCacheBuilder:
         self.group = group
         self.model = model
         self.device = device
-        self.dtype = dtype
+        self.dtype = config.kv_cache_torch_dtype(dtype)  # the pool's, not the model's
         self.max_seq_len = max_seq_len
 
     def build(self) -> tuple[CachePoolProtocol, KVTensors]:

@@ -43,8 +43,9 @@ def build_rank(
     """Load this rank's model and pool, warm up and capture graphs on a GPU."""
     dtype = config.torch_dtype
     model, _ = load_model(
-        source, device, dtype, max_seq_len, config.load_format, config.seed, group
-    )
+        source, device, dtype, max_seq_len, config.load_format, config.seed, group,
+        config.quantization,
+    )  # fmt: skip
     builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
     pool, storage = builder.build()
     max_seq_len = builder.max_seq_len

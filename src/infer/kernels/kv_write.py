@@ -3,7 +3,10 @@ the torch reference (on the GPU, ``rope_kv_write_triton`` rotates and writes in 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+from infer.kernels.fp8 import FP8, to_fp8
 
 
 def write_kv_torch(
@@ -13,15 +16,21 @@ def write_kv_torch(
     v_cache: Tensor,
     slot_mapping: Tensor,
     rows: Tensor | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Reference. ``k, v [T, Hkv, D]``; caches ``[N, Hkv, BS, D]``; slot ``-1`` = skip.
 
     ``rows`` lists the rows whose slot is not -1 when the caller knows them (finding them
-    costs a GPU a synchronisation)."""
+    costs a GPU a synchronisation). An FP8 cache stores ``k / k_scale`` and ``v / v_scale``
+    (``kv_scales``, one per tensor)."""
     block_size = k_cache.shape[2]
     if rows is None:
         rows = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping[rows]
     blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, :, offsets, :] = k[rows].to(k_cache.dtype)
-    v_cache[blocks, :, offsets, :] = v[rows].to(v_cache.dtype)
+    k_cache[blocks, :, offsets, :] = _to_cache(k[rows], k_cache.dtype, kv_scales[0])
+    v_cache[blocks, :, offsets, :] = _to_cache(v[rows], v_cache.dtype, kv_scales[1])
+
+
+def _to_cache(x: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
+    return to_fp8(x, scale) if dtype == FP8 else x.to(dtype)

@@ -38,11 +38,12 @@ class KVFootprint:
     weight_params: int
     window_layers: int = 0  # layers whose K/V is only needed for the last ``window`` tokens
     window: int = 0  # tokens; 0 when no layer has a sliding window
+    kv_dtype_bytes: int = 0  # bytes of a cached K/V element; 0: ``dtype_bytes`` (auto)
 
     @property
     def layer_bytes_per_token(self) -> int:
         """K and V of one token in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -99,10 +100,17 @@ def footprint_of_config(name: str, config: ModelConfig, dtype: str) -> KVFootpri
     )
 
 
-def load_footprint(model: str, dtype: str = "bfloat16") -> KVFootprint:
+def load_footprint(
+    model: str, dtype: str = "bfloat16", kv_cache_dtype: str = "auto"
+) -> KVFootprint:
     """Footprint of ``--model``: ``lab`` (the lab's 16 KB-per-token model, no weights), or
-    anything the engine accepts (built-in name, ``.gguf`` file, HF directory, Hub id)."""
+    anything the engine accepts (built-in name, ``.gguf`` file, HF directory, Hub id);
+    ``kv_cache_dtype`` as the engine's (``fp8``: one byte per cached element)."""
+    EngineConfig(kv_cache_dtype=kv_cache_dtype, device="cpu")  # ValueError naming the flag
+    kv_bytes = torch.float8_e4m3fn.itemsize if kv_cache_dtype == "fp8" else 0
     if model == LAB_MODEL:
-        return KVFootprint(LAB_MODEL, dtype_bytes=dtype_bytes(dtype), weight_params=0, **_LAB)
+        lab = KVFootprint(LAB_MODEL, dtype_bytes=dtype_bytes(dtype), weight_params=0, **_LAB)
+        return replace(lab, kv_dtype_bytes=kv_bytes)
     source = resolve_model(model)
-    return footprint_of_config(source.name, ModelConfig.from_hf_dict(source.hf_config), dtype)
+    config = ModelConfig.from_hf_dict(source.hf_config)
+    return replace(footprint_of_config(source.name, config, dtype), kv_dtype_bytes=kv_bytes)

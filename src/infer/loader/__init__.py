@@ -21,6 +21,7 @@ from infer.distributed.group import SINGLE, ParallelGroup
 from infer.loader.dummy import fill_dummy_weights
 from infer.loader.gguf import GGUFFile
 from infer.loader.presets import DEFAULT_MODEL, embedded_model_path, preset_config, preset_names
+from infer.loader.quantization import KV_SCALE_SUFFIXES, fp8_checkpoint, fp8_tensors
 from infer.loader.safetensors import SafetensorsCheckpoint, download_from_hub
 from infer.models import DecoderModel, model_class
 from infer.models.parallel_layers import CheckpointTensor
@@ -91,11 +92,14 @@ def build_model(
     dtype: torch.dtype,
     max_positions: int,
     group: ParallelGroup = SINGLE,
+    fp8: bool = False,
 ) -> DecoderModel:
     """An uninitialised model (``group``'s rank's share of it) with its storage on
-    ``device``; weights must be loaded next."""
+    ``device``, its decoder projections in FP8 when ``fp8``; weights must be loaded next."""
     with torch.device("meta"), _default_dtype(dtype):
         model = model_class(config)(config, group)
+        if fp8:
+            model.use_fp8_weights()
     model.to_empty(device=device)
     model.tie_weights()
     model.init_buffers(max_positions)
@@ -104,10 +108,15 @@ def build_model(
 
 @torch.no_grad()
 def load_checkpoint(
-    model: DecoderModel, tensors: Iterator[tuple[str, CheckpointTensor]], total: int, label: str
+    model: DecoderModel,
+    tensors: Iterator[tuple[str, CheckpointTensor]],
+    total: int,
+    label: str,
+    fp8_scales: bool = False,
 ) -> None:
-    """Copy every checkpoint tensor into ``model``; all expected tensors must appear."""
-    expected = model.expected_weights()
+    """Copy every checkpoint tensor into ``model``; all expected tensors must appear (with
+    ``fp8_scales``, the scale of every FP8 projection too)."""
+    expected = model.expected_weights(fp8_scales)
     loaded: set[str] = set()
     for name, tensor in tqdm(
         tensors, total=total, desc=f"Loading {label}", unit="tensor", leave=False
@@ -116,6 +125,8 @@ def load_checkpoint(
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
+        if name.endswith(KV_SCALE_SUFFIXES) and model.load_weight(name, tensor):
+            continue  # optional: an FP8 KV cache without them scales by 1
         # Checked against the expected names first: a layer index beyond the model's depth
         # would otherwise fail inside ``load_weight`` without naming the tensor.
         if name not in expected or not model.load_weight(name, tensor):
@@ -135,12 +146,15 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     group: ParallelGroup = SINGLE,
+    quantization: str | None = None,
 ) -> tuple[DecoderModel, ModelConfig]:
     """Build ``source``'s model (``group``'s rank's share) on ``device`` and fill its
     weights. A GGUF tensor is dequantised whole, then sliced; a safetensors rank reads only
     its slices; dummy weights are drawn whole from the seed, then sliced, so every
-    ``tensor_parallel_size`` computes the same model."""
+    ``tensor_parallel_size`` computes the same model. With ``quantization="fp8"`` each
+    rank quantises its slices; an FP8 checkpoint loads as it is, with or without it."""
     config = ModelConfig.from_hf_dict(source.hf_config)
+    fp8_format = fp8_checkpoint(source.hf_config) if source.kind == "safetensors" else None
     if source.kind == "preset" and load_format != "dummy":
         raise ValueError(
             f"load_format: preset {source.name!r} has shapes but no weights; "
@@ -150,7 +164,8 @@ def load_model(
         raise ValueError(
             f"load_format: {load_format!r} does not match {source.name} (a {source.kind} model)"
         )
-    model = build_model(config, device, dtype, max_positions, group)
+    fp8 = fp8_format is not None or quantization == "fp8"
+    model = build_model(config, device, dtype, max_positions, group, fp8)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif source.kind == "gguf":
@@ -165,5 +180,9 @@ def load_model(
     else:
         assert source.path is not None
         checkpoint = SafetensorsCheckpoint(source.path)
-        load_checkpoint(model, checkpoint.tensors(), checkpoint.num_tensors(), source.name)
+        tensors = checkpoint.tensors()
+        if fp8_format is not None:
+            tensors = fp8_tensors(tensors, fp8_format)
+        as_stored = fp8_format is not None and fp8_format.block is None  # with their scales
+        load_checkpoint(model, tensors, checkpoint.num_tensors(), source.name, as_stored)
     return model, config

@@ -16,6 +16,7 @@ def fill_dummy_weights(model: DecoderModel, seed: int = 0, std: float = 0.02) ->
     weights are the same for every ``tensor_parallel_size``.
     """
     device = next(model.parameters()).device
+    dtype = model.model.embed_tokens.weight.dtype  # FP8 layers quantise what they are given
     generator = torch.Generator(device=device).manual_seed(seed)
     seen: set[int] = set()
     for module in model.modules():
@@ -26,7 +27,7 @@ def fill_dummy_weights(model: DecoderModel, seed: int = 0, std: float = 0.02) ->
             if isinstance(module, RMSNorm):
                 param.fill_(1.0 - module.offset)
             elif isinstance(module, ShardedModule):
-                full = torch.empty(module.full_shape(name), dtype=param.dtype, device=device)
+                full = torch.empty(module.full_shape(name), dtype=dtype, device=device)
                 module.load(name, full.normal_(0.0, std, generator=generator), name, None)
             else:
                 param.normal_(0.0, std, generator=generator)

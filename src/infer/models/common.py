@@ -22,6 +22,7 @@ from infer.kernels import fused_add_rms_norm, rms_norm
 from infer.models.parallel_layers import (
     CheckpointTensor,
     ColumnParallelLinear,
+    ParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
     ShardedModule,
@@ -135,6 +136,8 @@ class Attention(nn.Module):
         # Bound by the engine to this layer's slice of the block pool.
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
+        # What an FP8 cache multiplies K and V by: the checkpoint's, else 1 (as vLLM).
+        self.kv_scales = (1.0, 1.0)
 
     def forward(self, x: Tensor, meta: AttentionMetadata, cos_sin: Tensor) -> Tensor:
         tokens = x.shape[0]
@@ -155,6 +158,7 @@ class Attention(nn.Module):
             cos_sin=cos_sin,
             scale=self.scale,
             sliding_window=self.sliding_window,
+            kv_scales=self.kv_scales,
         )
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -227,6 +231,13 @@ class DecoderModel(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def use_fp8_weights(self) -> None:
+        """Hold every decoder projection in FP8 (per-channel scales); embeddings, norms and
+        the LM head keep the model's dtype. Called before the weights are loaded."""
+        for module in self.model.layers.modules():
+            if isinstance(module, ParallelLinear):
+                module.use_fp8()
+
     def init_buffers(self, max_positions: int) -> None:
         """Build the RoPE tables (global, and local for Gemma's windowed layers) on the
         weights' device; called once the model's storage exists."""
@@ -285,6 +296,11 @@ class DecoderModel(nn.Module):
         except AttributeError:
             return False
         param = parts[-1]
+        if isinstance(module, Attention) and param in ("k_scale", "v_scale"):
+            value = float(torch.as_tensor(tensor[...]))
+            k, v = module.kv_scales
+            module.kv_scales = (value, v) if param == "k_scale" else (k, value)
+            return True
         if isinstance(module, ShardedModule):
             module.load(param, tensor, name, shard)
             return True
@@ -294,17 +310,22 @@ class DecoderModel(nn.Module):
         copy_checked(target.data, tensor, name, tuple(target.shape))
         return True
 
-    def expected_weights(self) -> set[str]:
-        """HF names the checkpoint must provide (fused projections expanded)."""
+    def expected_weights(self, fp8_scales: bool = False) -> set[str]:
+        """HF names the checkpoint must provide (fused projections expanded); with
+        ``fp8_scales``, the ``weight_scale`` of every FP8 projection too."""
         names: set[str] = set()
         for param_name, _ in self.named_parameters():
             parts = param_name.split(".")
             module = self.get_submodule(".".join(parts[:-1]))
+            params = [parts[-1]]
+            scaled = isinstance(module, ParallelLinear) and module.weight_scale is not None
+            if fp8_scales and scaled and parts[-1] == "weight":
+                params.append("weight_scale")
             if isinstance(module, ColumnParallelLinear):
                 prefix = ".".join(parts[:-2])
-                names.update(f"{prefix}.{shard}.{parts[-1]}" for shard in module.shards)
+                names.update(f"{prefix}.{shard}.{p}" for shard in module.shards for p in params)
             else:
-                names.add(param_name)
+                names.update(f"{'.'.join(parts[:-1])}.{p}" for p in params)
         if self.config.tie_word_embeddings:
             names.discard("lm_head.weight")
         return names

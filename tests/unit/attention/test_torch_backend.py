@@ -63,3 +63,30 @@ def test_ragged_batch_matches_per_sequence_attention(window: int) -> None:
     )
     expected = torch.cat([_naive(q, k, v, window) for q, k, v in zip(queries, full_k, full_v)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_fp8_cache_is_written_scaled_and_read_dequantised() -> None:
+    """K and V stored as ``x / scale`` in e4m3 and read back times the scale: the same
+    attention as over the values those round to (K here exceeds e4m3's ±448 unscaled)."""
+    torch.manual_seed(1)
+    heads, kv_heads, dim, block, done, new = 4, 2, 8, 4, 6, 3
+    kv_scales = (4.0, 0.5)
+    k = torch.randn(done + new, kv_heads, dim) * 500
+    v = torch.randn(done + new, kv_heads, dim)
+    rounded_k = (k / kv_scales[0]).to(torch.float8_e4m3fn).float() * kv_scales[0]
+    rounded_v = (v / kv_scales[1]).to(torch.float8_e4m3fn).float() * kv_scales[1]
+    cache_k = torch.zeros(4, kv_heads, block, dim, dtype=torch.float8_e4m3fn)
+    cache_v = torch.zeros_like(cache_k)
+    blocks = [2, 0, 3]
+    for pos in range(done):
+        cache_k[blocks[pos // block], :, pos % block] = (k[pos] / kv_scales[0]).to(cache_k.dtype)
+        cache_v[blocks[pos // block], :, pos % block] = (v[pos] / kv_scales[1]).to(cache_v.dtype)
+    _, meta = build_metadata(
+        [ScheduledSequence(blocks, done, [0] * new)], block, torch.device("cpu")
+    )
+    q = torch.randn(new, heads, dim) / 500
+    out = attend(
+        q, k[done:], v[done:], cache_k, cache_v, meta,
+        cos_sin=NO_ROTATION, scale=1 / math.sqrt(dim), kv_scales=kv_scales,
+    )  # fmt: skip
+    torch.testing.assert_close(out, _naive(q, rounded_k, rounded_v, 0), atol=1e-5, rtol=1e-5)

@@ -62,3 +62,10 @@ def test_flags_not_given_follow_the_flags_given(
 def test_contradicting_flags_name_both(argv: list[str], flag: str, other: str) -> None:
     with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
         config_from(argv)
+
+
+def test_fp8_flags_reach_the_config() -> None:
+    config = config_from(["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--device", "cpu"])
+    assert (config.quantization, config.kv_cache_dtype) == ("fp8", "fp8")
+    default = config_from([])
+    assert (default.quantization, default.kv_cache_dtype) == (None, "auto")

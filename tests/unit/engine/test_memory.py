@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
-from infer import LLM
+from infer import LLM, SamplingParams
 from infer.config import EngineConfig
 from infer.engine.memory import fit_context
 
@@ -40,3 +41,19 @@ def test_an_engine_serves_the_models_whole_context_by_default(
     assert LLM(path, num_gpu_blocks=8).engine.max_seq_len == 8 * 16  # what 8 blocks hold
     with pytest.raises(ValueError, match=r"^max_seq_len: 256 tokens .* at most 128"):
         LLM(path, num_gpu_blocks=8, max_seq_len=256)
+
+
+def test_an_fp8_cache_holds_twice_the_blocks_of_bfloat16(
+    tiny_checkpoint: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same byte budget, half the bytes per block: the pool sizing counts the cache's
+    dtype, not the model's; the engine runs over it."""
+    monkeypatch.setattr("infer.engine.memory.CPU_KV_CACHE_BYTES", 1 << 20)
+    path = str(tiny_checkpoint("llama"))
+    options = {"dtype": "bfloat16", "max_seq_len": 64}
+    bf16 = LLM(path, **options).engine.pool
+    fp8 = LLM(path, kv_cache_dtype="fp8", **options)
+    assert fp8.engine.pool.num_blocks // 2 == bf16.num_blocks  # 341 and 170 of 1 MiB
+    assert fp8.engine.model.model.layers[0].self_attn.k_cache.dtype == torch.float8_e4m3fn
+    result = fp8.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))[0]
+    assert len(result.outputs[0].token_ids) == 4

@@ -71,3 +71,11 @@ def test_footprint_of_config_reads_no_weights() -> None:
     assert raw is not None
     footprint = footprint_of_config("8b", ModelConfig.from_hf_dict(raw), "bfloat16")
     assert 8.0e9 < footprint.weight_params < 8.1e9
+
+
+def test_an_fp8_cache_halves_the_bytes_per_token_not_the_weights() -> None:
+    bf16, fp8 = load_footprint("llama-3.2-3b"), load_footprint("llama-3.2-3b", kv_cache_dtype="fp8")
+    assert fp8.bytes_per_token * 2 == bf16.bytes_per_token
+    assert fp8.weight_bytes == bf16.weight_bytes
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype: "):
+        load_footprint("lab", kv_cache_dtype="int4")

@@ -16,6 +16,8 @@ from infer.loader import ModelSource, load_model, resolve_model
 from infer.loader.presets import preset_config, preset_names
 from infer.models import DecoderModel, model_class
 from infer.models.common import RMSNorm
+from infer.models.fp8 import quantize_rows
+from infer.models.parallel_layers import ParallelLinear
 
 from .helpers import hf_view
 
@@ -49,10 +51,26 @@ def test_preset_shapes_are_transformers_shapes(name: str) -> None:
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.values())
 
 
-def dummy(config: dict[str, Any], seed: int) -> DecoderModel:
+def dummy(config: dict[str, Any], seed: int, quantization: str | None = None) -> DecoderModel:
     source = ModelSource("tiny", "preset", config)
-    model, _ = load_model(source, CPU, torch.float32, 64, load_format="dummy", seed=seed)
+    model, _ = load_model(
+        source, CPU, torch.float32, 64, load_format="dummy", seed=seed, quantization=quantization
+    )
     return model
+
+
+def test_fp8_dummy_weights_are_the_same_weights_quantised(
+    tiny_config: Callable[[str], dict[str, Any]],
+) -> None:
+    config = tiny_config("llama")
+    plain, fp8 = dummy(config, 0), dummy(config, 0, quantization="fp8")
+    for name, module in fp8.named_modules():
+        if isinstance(module, ParallelLinear):
+            assert module.weight_scale is not None
+            q, scale = quantize_rows(plain.get_submodule(name).weight)
+            assert torch.equal(module.weight.float(), q.float()), name
+            assert torch.equal(module.weight_scale, scale), name
+    assert torch.equal(fp8.lm_head.weight, plain.lm_head.weight)  # the LM head stays
 
 
 @pytest.mark.parametrize("family", FAMILIES)

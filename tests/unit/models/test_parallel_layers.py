@@ -16,6 +16,7 @@ from infer.cli import build_parser
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import ParallelGroup
 from infer.models.common import check_tensor_parallel, kv_heads_per_rank
+from infer.models.fp8 import FP8, dequantize_rows, quantize_rows
 from infer.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -64,6 +65,64 @@ def test_row_parallel_takes_columns_and_checks_the_whole_shape() -> None:
         RowParallelLinear(8, 3, False, ranks(2)[0]).load(
             "weight", torch.randn(3, 6), "o_proj.weight", None
         )
+
+
+def fp8_column(group: ParallelGroup) -> ColumnParallelLinear:
+    layer = ColumnParallelLinear(6, {"q": Split(8, 2), "k": Split(4, 1)}, False, group)
+    layer.use_fp8()
+    return layer
+
+
+def test_fp8_column_ranks_quantise_their_own_rows() -> None:
+    q, kv = torch.randn(8, 6), torch.randn(4, 6)
+    for rank, group in enumerate(ranks(2)):
+        layer = fp8_column(group)
+        layer.load("weight", q, "q", "q")
+        layer.load("weight", kv, "k", "k")
+        expected_q, expected_scale = quantize_rows(torch.cat([q[rank * 4 : rank * 4 + 4], kv]))
+        assert layer.weight.dtype == FP8 and layer.weight_scale is not None
+        assert torch.equal(layer.weight.float(), expected_q.float())
+        assert torch.equal(layer.weight_scale, expected_scale)
+
+
+def test_fp8_column_takes_checkpoint_rows_and_per_tensor_or_channel_scales() -> None:
+    q_fp8, k_fp8 = torch.randn(8, 6).to(FP8), torch.randn(4, 6).to(FP8)
+    q_scales = torch.arange(1.0, 9.0).unsqueeze(1)  # per channel, [8, 1] as stored
+    layer = fp8_column(ranks(2)[1])
+    layer.load("weight", q_fp8, "q", "q")
+    layer.load("weight", k_fp8, "k", "k")
+    layer.load("weight_scale", q_scales, "q_scale", "q")
+    layer.load("weight_scale", torch.tensor(0.5), "k_scale", "k")  # per tensor
+    assert torch.equal(layer.weight.float(), torch.cat([q_fp8[4:], k_fp8]).float())
+    assert layer.weight_scale is not None
+    assert layer.weight_scale.tolist() == [5.0, 6.0, 7.0, 8.0, 0.5, 0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match=r"q_scale: 3 scales, expected 1 .* or 8"):
+        layer.load("weight_scale", torch.ones(3), "q_scale", "q")
+
+
+def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
+    """Each rank's row scales come from its own columns (quantised after slicing); the
+    partial products still add up to the whole product within FP8 rounding."""
+    weight, x = torch.randn(3, 8), torch.randn(2, 8)
+    partial = []
+    for rank, group in enumerate(ranks(2)):
+        layer = RowParallelLinear(8, 3, False, group)
+        layer.use_fp8()
+        layer.load("weight", weight, "o_proj.weight", None)
+        columns = weight[:, rank * 4 : rank * 4 + 4]
+        assert layer.weight_scale is not None
+        assert torch.equal(layer.weight_scale, quantize_rows(columns)[1])
+        partial.append(layer.matmul(x[:, rank * 4 : rank * 4 + 4]))
+    w = dequantize_rows(*quantize_rows(weight))
+    torch.testing.assert_close(partial[0] + partial[1], x @ w.T, rtol=0.1, atol=0.1)
+
+
+def test_fp8_tensors_need_an_fp8_layer() -> None:
+    layer = RowParallelLinear(8, 3, False, ranks(1)[0])
+    with pytest.raises(ValueError, match=r"o_proj\.weight: FP8 weights, but"):
+        layer.load("weight", torch.randn(3, 8).to(FP8), "o_proj.weight", None)
+    with pytest.raises(ValueError, match=r"o_proj\.weight_scale: a weight scale for a layer"):
+        layer.load("weight_scale", torch.ones(3), "o_proj.weight_scale", None)
 
 
 def test_vocabulary_is_padded_to_a_multiple_of_the_ranks() -> None:

@@ -1,0 +1,17 @@
+"""Float8 e4m3: the format of FP8 weights and of an FP8 KV cache, and the scaled cast into it.
+
+``float8_e4m3fn`` has no infinity: a value past ±448 casts to NaN, so every cast clamps.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+def to_fp8(x: Tensor, scale: float | Tensor) -> Tensor:
+    """``x / scale`` clamped to ±448 and cast to FP8 (``x ≈ result * scale``)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
