@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from infer.cache.block_map import BlockMap
 from infer.cache.stats import CacheStats
 
 
@@ -33,6 +34,7 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
     """Allocation, growth, sharing and accounting of sequences' cache space."""
 
     num_blocks: int
+    backend: str  # its kind, as reports name it: "paged", "contiguous", a simulated strategy
 
     def allocate_sequence(
         self,
@@ -94,4 +96,9 @@ class CachePoolProtocol(KVCacheProtocol, Protocol):
 
     def stats(self) -> CacheStats:
         """Utilisation, fragmentation, allocation rates, evictions, prefix hits, leaks."""
+        ...
+
+    def block_map(self, owners: Sequence[int]) -> BlockMap:
+        """Each block's state (the dashboard's picture); owner indices refer to ``owners``,
+        a list of sequence ids."""
         ...
