@@ -192,9 +192,9 @@ class Engine:
         watch = self.watch
         if not watch.armed:
             return self._step()
-        begun = watch.now()
+        watch.begin()
         outputs = self._step()
-        watch.stepped(begun)
+        watch.stepped()
         for out in outputs:
             if out.finished and out.ttft_s is not None:
                 watch.finished(out.ttft_s, mean_itl(out.token_times_s))
@@ -353,7 +353,7 @@ class Engine:
         return inflight
 
     def _watch_launch(self, scheduled: SchedulerOutput) -> None:
-        if self.watch.armed:
+        if self.watch.recording:
             self.watch.launched(scheduled, self.runner.graphed)
 
     def _count_prompt_tokens(self, scheduled: SchedulerOutput) -> None:

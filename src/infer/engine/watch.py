@@ -23,9 +23,9 @@ ARMED_S = 2.0  # a dashboard asks several times a second; this outlasts a slow n
 MAX_RECORDS = 4096  # per kind, between two views (a view every ~200 ms needs far fewer)
 MAX_WAITING_ROWS = 64  # the queue's head; its length is sent whole
 
-# (request_id, state, prompt tokens, computed tokens, output tokens, blocks held,
-#  preemptions, max_tokens): one row per request, small to pickle and to send.
-RequestRow = tuple[str, str, int, int, int, int, int, int | None]
+# (request_id, state, prompt tokens, prompt tokens found cached, computed tokens, output
+#  tokens, blocks held, preemptions, max_tokens): one row per request, small to pickle.
+RequestRow = tuple[str, str, int, int, int, int, int, int, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,8 @@ class EngineWatch:
         self._steps: deque[StepRecord] = deque(maxlen=MAX_RECORDS)
         self._latencies: deque[tuple[float, float, float | None]] = deque(maxlen=MAX_RECORDS)
         self._preempted: deque[tuple[float, str]] = deque(maxlen=MAX_RECORDS)
+        self.recording = False  # between ``begin`` and ``stepped``
+        self._begun = 0.0
         self._launched = [0, 0, 0]  # prefill tokens, decode tokens, rows: of this step
         self._graphed: bool | None = None
 
@@ -83,8 +85,14 @@ class EngineWatch:
         """Seconds since the watch began, on its clock."""
         return self._clock() - self._origin
 
+    def begin(self) -> None:
+        """A ``step`` call begins; it is recorded whole, however long it runs (a step on a
+        CPU may outlast ``armed_s``)."""
+        self.recording = True
+        self._begun = self.now()
+
     def launched(self, scheduled: SchedulerOutput, graphed: bool | None) -> None:
-        """A step was queued on the device (a ``step`` call may queue one, or none)."""
+        """The step call queued a step on the device (it may queue one, or none)."""
         decode = sum(
             c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens for c in scheduled.chunks
         )
@@ -95,13 +103,14 @@ class EngineWatch:
         now = self.now()
         self._preempted.extend((now, r.request_id) for r in scheduled.preempted)
 
-    def stepped(self, begun: float) -> None:
-        """The ``step`` call that began at ``begun`` (``now()``) returned."""
+    def stepped(self) -> None:
+        """The ``step`` call returned."""
         prefill, decode, rows = self._launched
         if rows:
             now = self.now()
-            record = StepRecord(now, now - begun, prefill, decode, rows, self._graphed)
+            record = StepRecord(now, now - self._begun, prefill, decode, rows, self._graphed)
             self._steps.append(record)
+        self.recording = False
         self._launched = [0, 0, 0]
         self._graphed = None
 
@@ -149,6 +158,7 @@ def _row(request: Request, state: str, computed: int, blocks: int) -> RequestRow
         request.request_id,
         state,
         request.num_prompt_tokens,
+        request.num_cached_tokens,
         computed,
         request.num_output_tokens,
         blocks,

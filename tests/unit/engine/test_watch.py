@@ -34,13 +34,13 @@ def _request(name: str, prompt: int, max_tokens: int = 4) -> Request:
 
 
 def _step(scheduler: Scheduler, watch: EngineWatch, clock: Clock) -> None:
-    begun = watch.now()
+    watch.begin()
     out = scheduler.schedule()
-    watch.launched(out, graphed=False)
     clock.now += 0.5
+    watch.launched(out, graphed=False)
     sampled = sum(c.samples for c in out.chunks)
     scheduler.update(out, StepResult([0] * sampled, [None] * sampled))
-    watch.stepped(begun)
+    watch.stepped()
 
 
 def test_a_view_lists_running_then_waiting_requests_and_their_blocks() -> None:
@@ -52,8 +52,8 @@ def test_a_view_lists_running_then_waiting_requests_and_their_blocks() -> None:
     _step(scheduler, watch, clock)
     view = watch.view(scheduler)
     assert view.requests == [
-        ("a", "running", 6, 6, 1, 2, 0, 4),  # 6 computed + the token sampled, in 2 blocks
-        ("b", "waiting", 3, 0, 0, 0, 0, 4),
+        ("a", "running", 6, 0, 6, 1, 2, 0, 4),  # 6 computed, 1 sampled, in 2 blocks
+        ("b", "waiting", 3, 0, 0, 0, 0, 0, 4),
     ]
     assert view.num_waiting == 1 and view.time_s == 0.5 and view.backend == "paged"
     owner = np.frombuffer(view.blocks.owner, "<u2")
@@ -81,6 +81,19 @@ def test_steps_are_recorded_only_while_someone_watches() -> None:
     assert watch.view(scheduler).steps == []  # handed over once
     clock.now += 2.5
     assert not watch.armed  # nobody asked for a while: the engine skips recording
+
+
+def test_a_step_longer_than_the_arming_is_recorded_whole() -> None:
+    scheduler = _scheduler()
+    scheduler.add_request(_request("a", 6))
+    clock = Clock()
+    watch = EngineWatch(clock, armed_s=2.0)
+    watch.view(scheduler)
+    watch.begin()
+    clock.now += 5.0  # a CPU's forward pass runs inside the launch
+    watch.launched(scheduler.schedule(), graphed=None)
+    watch.stepped()
+    assert [(s.prefill_tokens, s.duration_s) for s in watch.view(scheduler).steps] == [(6, 5.0)]
 
 
 def test_preemptions_and_latencies_reach_the_next_view() -> None:
