@@ -57,7 +57,10 @@ def frame(view: EngineView) -> dict[str, Any]:
             ]
             for s in view.steps
         ],
-        "latencies": [[round(t, 4), ttft, itl] for t, ttft, itl in view.latencies],
+        "latencies": [
+            [round(t, 4), round(ttft, 6), None if itl is None else round(itl, 6)]
+            for t, ttft, itl in view.latencies
+        ],
         "preempted": [[round(t, 4), request_id] for t, request_id in view.preempted],
     }
 
