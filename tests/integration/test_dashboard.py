@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from tests.integration.conftest import chromium
 
 from infer.config import EngineConfig
 from infer.server import build_server, serve_in_thread
@@ -47,15 +47,6 @@ def url() -> Iterator[str]:
     server = build_server(config, port=0, api_key=KEY, log_level="warning")
     with serve_in_thread(server) as base_url:
         yield base_url
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing (.ci/run installs it)")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return path
 
 
 def complete(url: str, prompts: list[str], max_tokens: int) -> None:
