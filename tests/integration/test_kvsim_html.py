@@ -38,10 +38,10 @@ def test_the_replay_draws_each_strategy_and_the_shared_prefix(tmp_path: Path) ->
 
         # The end of the run: every request has finished.
         assert set(counts("private").values()) == set(counts("shared").values()) == {0}
+        end = max(float(pool.get_attribute("data-t") or 0) for pool in pools.values())
         page.eval_on_selector(
             "#scrub", "e => { e.value = 300; e.dispatchEvent(new Event('input')) }"
         )
-        end = max(float(pool.get_attribute("data-t") or 0) for pool in pools.values())
         shown = "t => [...document.querySelectorAll('canvas.pool')].every(c => +c.dataset.t < t)"
         page.wait_for_function(shown, arg=0.31 * end)  # the slider's 300 of 1000
         held = counts("private")

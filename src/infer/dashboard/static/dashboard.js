@@ -93,13 +93,15 @@ class Panel {
     if (this.shown) this.draw(this.shown, this.frames.indexOf(this.shown));
   }
 
-  // The frame at or before time t (the last one when t is null), drawn with its history.
+  // The frame at or before time t (the last one when t is null), drawn with its history;
+  // a later call that finishes inflating first wins, an earlier one then draws nothing.
   async show(t) {
     let i = this.frames.length - 1;
     if (t !== null) while (i > 0 && this.frames[i].t > t) i--;
     if (i < 0) return;
+    const call = (this.calls = (this.calls || 0) + 1);
     const frame = await unpack(this.frames[i]);
-    this.draw(frame, i);
+    if (call === this.calls) this.draw(frame, i);
   }
 
   draw(frame, index) {
