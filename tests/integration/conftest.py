@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,3 +42,14 @@ def metric(url: str, name: str, default: float | None = None) -> float:
     if default is None:
         raise KeyError(name)
     return default
+
+
+def chromium() -> str:
+    """The system Chromium for browser tests: skipped without it, except in CI (``.ci/run``
+    installs it), where a missing browser fails the test."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing (.ci/run installs it)")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return path

@@ -21,7 +21,10 @@ CHAIN = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(6000)) + 
 
 @pytest.fixture(scope="module")
 def url(smollm2_llm: Any) -> Any:
-    limits = RequestLimits(max_body_bytes=300_000, max_grammar_bytes=200_000, max_choices=200_000)
+    # Room for 100,000 choices (~2.4 MB), so that it is the compile's deadline they meet.
+    limits = RequestLimits(
+        max_body_bytes=4_000_000, max_grammar_bytes=4_000_000, max_choices=200_000
+    )
     server = build_server(
         smollm2_llm.config, port=0, log_level="warning", limits=limits, grammar_timeout=3.0
     )
@@ -105,7 +108,7 @@ def test_limits_name_the_field_and_the_flag(url: str) -> None:
 
 
 def test_an_oversized_body_is_a_413_before_it_is_read(url: str) -> None:
-    response = _complete(url, prompt="x" * 400_000)
+    response = _complete(url, prompt="x" * 4_100_000)
     assert "(--max-body-bytes)" in _refused(response, "body", status=413)
 
 

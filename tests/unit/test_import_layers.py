@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"loader"},
     {"cache"},
     {"engine"},
-    {"bench", "kvsim"},
+    {"bench", "kvsim", "dashboard"},
     {"server"},
     {"cli"},
 ]

@@ -124,6 +124,10 @@ class BlockAllocator:
         """Free blocks that still hold a reusable prefix."""
         return sum(1 for block in self._cached if self._ref_counts[block] == 0)
 
+    def cached_block_ids(self) -> list[int]:
+        """Blocks that hold a cached prefix, in use or free (a copy)."""
+        return list(self._cached)
+
     def can_allocate(self, count: int) -> bool:
         return len(self._free) >= count
 

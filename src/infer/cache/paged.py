@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from infer.cache.allocator import BlockAllocator
+from infer.cache.block_map import BlockMap, build_block_map
 from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
 from infer.cache.stats import CacheStats
 
@@ -154,6 +155,21 @@ class PagedKVCachePool:
 
     def reclaim_leaked_blocks(self) -> int:
         return self.allocator.reclaim(self.audit_blocks())
+
+    def block_map(self, owners: Sequence[int]) -> BlockMap:
+        # A shared block is full (only full blocks are indexed), so its slots count once.
+        unused = sum(
+            len(t) * self.block_size - self.seq_lens[s] for s, t in self.page_tables.items()
+        )
+        return build_block_map(
+            self.num_blocks,
+            self.block_size,
+            self.page_tables,
+            self.allocator.cached_block_ids(),
+            owners,
+            unused,
+            self.allocator.evictions,
+        )
 
     def stats(self) -> CacheStats:
         filled: dict[int, int] = {}

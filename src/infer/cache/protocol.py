@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from infer.cache.block_map import BlockMap
 from infer.cache.stats import CacheStats
 
 
@@ -20,6 +21,7 @@ class CachePoolProtocol(Protocol):
 
     block_size: int
     num_blocks: int
+    backend: str  # its kind, as reports name it: "paged", "contiguous", a simulated strategy
 
     def is_paged(self) -> bool:
         """True when blocks are handed out on demand rather than reserved per slot."""
@@ -90,4 +92,9 @@ class CachePoolProtocol(Protocol):
 
     def stats(self) -> CacheStats:
         """Utilisation, fragmentation, allocation rates, evictions, prefix hits, leaks."""
+        ...
+
+    def block_map(self, owners: Sequence[int]) -> BlockMap:
+        """Each block's state (the dashboard's picture); owner indices refer to ``owners``,
+        a list of sequence ids."""
         ...

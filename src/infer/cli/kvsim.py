@@ -15,6 +15,7 @@ from pathlib import Path
 
 from infer.config import EngineConfig
 from infer.kvsim.footprint import KVFootprint, load_footprint
+from infer.kvsim.html import Replay, write_html
 from infer.kvsim.lab import explain_cache, explanation_to_json, format_explanation
 from infer.kvsim.planner import format_plan, format_sweep, plan_capacity, plans_to_json
 from infer.kvsim.report import format_table, plot, to_json
@@ -116,6 +117,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="write kvsim_memory.png and kvsim_concurrency.png to DIR "
         "(default: the current directory)",
     )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write the dashboard's view of the run to FILE: every strategy's KV pool block "
+        "by block, its requests and steps, replayable side by side",
+    )
     limits = parser.add_argument_group("scheduler limits (the engine's flags; off by default)")
     limits.add_argument("--max-batch-size", type=int, help="running sequences at most")
     limits.add_argument("--max-num-batched-tokens", type=int, help="tokens per step at most")
@@ -208,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk_size=args.prefill_chunk_size,
         use_prefix_caching=False,
     )
+    replays = {name: Replay(name) for name in strategies} if args.html else {}
     results = [
         simulate(
             trace,
@@ -218,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             window=args.window,
             step_s=args.step_ms / 1000,
             progress=True,
+            replay=replays.get(name),
         )
         for name in strategies
     ]
@@ -227,9 +236,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_header(footprint, memory, args, len(trace.requests), strategies))
         print(format_table(results))
-    if args.plot is not None:
-        for path in plot(results, Path(args.plot), title):
-            print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    written = plot(results, Path(args.plot), title) if args.plot is not None else []
+    if args.html:
+        write_html(Path(args.html), f"kvsim: {title}", list(replays.values()))
+        written.append(Path(args.html))
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

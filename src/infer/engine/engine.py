@@ -25,6 +25,7 @@ from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
 from infer.engine.structured import Bitmask, StructuredOutputs, start_bitmask
+from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
 from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
@@ -100,6 +101,7 @@ class Engine:
         self.num_generated_tokens = 0
         self.num_structured_output_errors = 0  # grammars' matchers that failed
         self.peak_utilization = 0.0
+        self.watch = EngineWatch()  # the dashboard's view (records only while watched)
 
     # --- construction --------------------------------------------------------------------
     def close(self, check_workers: bool = False) -> None:
@@ -185,6 +187,19 @@ class Engine:
             self.pacer.wait(_shape(self._inflight.scheduled))
 
     def step(self) -> list[RequestOutput]:
+        """One engine step (``_step``), recorded for the dashboard while one watches."""
+        watch = self.watch
+        if not watch.armed:
+            return self._step()
+        watch.begin()
+        outputs = self._step()
+        watch.stepped()
+        for out in outputs:
+            if out.finished and out.ttft_s is not None:
+                watch.finished(out.ttft_s, mean_itl(out.token_times_s))
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         """One engine step: schedule → launch → collect → update; returns the progress of
         every request that produced output.
 
@@ -296,7 +311,9 @@ class Engine:
     def _defer(self, scheduled: SchedulerOutput, previous: LaunchedStep | None) -> Deferred:
         """Queue only the step's forward pass (behind ``previous``)."""
         self._count_prompt_tokens(scheduled)
-        return Deferred(scheduled, self.runner.forward(scheduled, previous))
+        deferred = Deferred(scheduled, self.runner.forward(scheduled, previous))
+        self._watch_launch(scheduled)
+        return deferred
 
     def _start_bitmask(
         self, deferred: Deferred, current: Inflight, result: StepResult
@@ -330,7 +347,13 @@ class Engine:
     def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
         """Queue a step on the device; its samples stay there until collected."""
         self._count_prompt_tokens(scheduled)
-        return Inflight(scheduled, self.runner.launch(scheduled, previous))
+        inflight = Inflight(scheduled, self.runner.launch(scheduled, previous))
+        self._watch_launch(scheduled)
+        return inflight
+
+    def _watch_launch(self, scheduled: SchedulerOutput) -> None:
+        if self.watch.recording:
+            self.watch.launched(scheduled, self.runner.graphed)
 
     def _count_prompt_tokens(self, scheduled: SchedulerOutput) -> None:
         for chunk in scheduled.chunks:
@@ -354,3 +377,8 @@ class Engine:
 
     def cache_stats(self) -> dict[str, float | int | str]:
         return {**self.pool.stats().as_dict(), "preemptions": self.scheduler.preemptions}
+
+    def dashboard_view(self) -> EngineView:
+        """A picture of the pool and queues for the dashboard (between steps); keeps the
+        steps recorded while it is asked for."""
+        return self.watch.view(self.scheduler)

@@ -43,6 +43,7 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     seq_id: int | None = None  # its sequence in the cache pool, while it holds cache
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its admission
     num_placeholders: int = 0  # sampled tokens still on the device, not yet in token_ids
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of full blocks
     num_failed_steps: int = 0  # engine steps it was part of that raised

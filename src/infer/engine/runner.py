@@ -105,6 +105,7 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
+        self.graphed = False  # whether the last step ran in a captured graph (dashboard)
         model.bind_kv_cache(storage.k, storage.v)
 
     def launch(
@@ -209,6 +210,7 @@ class ModelRunner:
         self.storage.copy_blocks(step.copies)  # every rank: each holds its share of the heads
         decode = all(len(s.token_ids) == 1 for s in sequences)
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
+        self.graphed = out is not None
         if out is None:
             host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
             out = self.model(host_ids if input_ids is None else input_ids, meta)

@@ -335,6 +335,7 @@ class Scheduler:
             self.pool.free_sequence(seq_id)
             return False
         request.seq_id = seq_id
+        request.num_cached_tokens = computed
         request.state = RequestState.RUNNING
         return True
 

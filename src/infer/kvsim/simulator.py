@@ -42,6 +42,7 @@ from infer.engine.request import Request
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError, Scheduler, StepResult
 from infer.kvsim.footprint import KVFootprint
+from infer.kvsim.html import Replay
 from infer.kvsim.pool import SimulatedPool
 from infer.kvsim.strategies import build_pool
 from infer.kvsim.trace import TokenIds, Trace, TraceRequest
@@ -126,8 +127,15 @@ class StrategyResult:
 class _Run:
     """One simulation: the pool, the engine's scheduler, and the counters."""
 
-    def __init__(self, pool: SimulatedPool, config: EngineConfig, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        pool: SimulatedPool,
+        config: EngineConfig,
+        max_seq_len: int,
+        replay: Replay | None = None,
+    ) -> None:
         self.pool = pool
+        self.replay = replay
         self.max_seq_len = max_seq_len
         self.scheduler = Scheduler(config, pool, max_seq_len)
         self.token_ids = TokenIds()
@@ -141,8 +149,9 @@ class _Run:
         self.allocated_slots = 0
         self.stranded_blocks = 0
 
-    def submit(self, spec: TraceRequest, step: int) -> bool:
-        """Queue a trace request; False if the engine would reject it."""
+    def submit(self, spec: TraceRequest, step: int, now: float) -> bool:
+        """Queue a trace request at simulated time ``now``; False if the engine would
+        reject it."""
         if spec.prompt_tokens >= self.max_seq_len:
             self.refused += 1  # Engine.encode_prompt: no room to generate
             return False
@@ -157,11 +166,13 @@ class _Run:
             return False
         self.arrived_at[request_id] = step
         self.queued.append(request)
+        if self.replay is not None:
+            self.replay.arrived(request, now)
         return True
 
-    def step(self, step: int) -> int:
-        """One engine step, the model's samples replaced by fresh token ids; returns how
-        many requests ended in it."""
+    def step(self, step: int, now: float, step_s: float) -> int:
+        """One engine step from simulated time ``now``, the model's samples replaced by
+        fresh token ids; returns how many requests ended in it."""
         scheduled = self.scheduler.schedule()
         self.pool.take_copies()  # no K/V to copy: the runner's part, dropped
         self.refused += len(scheduled.failed)
@@ -170,6 +181,9 @@ class _Run:
         num_samples = sum(c.samples for c in scheduled.chunks)
         sampled = StepResult(self.token_ids.fresh(num_samples), [None] * num_samples)
         accepted = self.scheduler.update(scheduled, sampled)
+        if self.replay is not None:
+            self.replay.stepped(scheduled, accepted, now, step_s)
+            self.replay.capture(self.scheduler)
         return len(scheduled.failed) + sum(1 for t in accepted if t.request.is_finished)
 
     def sample(self, now: float) -> None:
@@ -233,18 +247,20 @@ def simulate(
     window: int | None = None,
     step_s: float = DEFAULT_STEP_S,
     progress: bool = False,
+    replay: Replay | None = None,
 ) -> StrategyResult:
     """Run ``trace`` through ``strategy`` with ``memory_bytes`` of KV cache.
 
     ``config`` supplies what the engine's scheduler reads (``block_size``, ``max_seq_len``
     — required here —, batch and token budgets, chunked prefill, admission reserve, queue
-    limit); ``window`` is the sliding window of ``paged+window`` in tokens.
+    limit); ``window`` is the sliding window of ``paged+window`` in tokens; ``replay``
+    keeps the dashboard's frames of the run (``kvsim --html``).
     """
     if config.max_seq_len is None:
         raise ValueError("max_seq_len: the simulator needs an explicit max_seq_len")
     max_seq_len = config.max_seq_len
     pool = build_pool(strategy, footprint, memory_bytes, config.block_size, max_seq_len, window)
-    run = _Run(pool, config, max_seq_len)
+    run = _Run(pool, config, max_seq_len, replay)
     arrivals = Arrivals(trace, step_s)
     step = 0
     bar_off = None if progress else True  # None: shown on a terminal only
@@ -253,10 +269,12 @@ def simulate(
     ) as bar:
         while arrivals.pending() or run.scheduler.has_work():
             for spec in arrivals.due(run.scheduler.has_work()):
-                if not run.submit(spec, step):
+                if not run.submit(spec, step, arrivals.now):
                     bar.update()
-            bar.update(run.step(step))
+            bar.update(run.step(step, arrivals.now, step_s))
             run.sample(arrivals.now)
             arrivals.tick()
             step += 1
+    if replay is not None:
+        replay.finish(run.scheduler)
     return run.result(strategy, len(trace.requests), arrivals.now)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infer.cache.allocator import BlockAllocator
+from infer.cache.block_map import BlockMap, build_block_map
 from infer.cache.stats import CacheStats
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.pool import RefusalLog
@@ -140,6 +141,12 @@ class WindowedPool:
 
     def prefix_blocks_shared(self) -> int:
         return 0  # this pool does not index prefixes
+
+    def block_map(self, owners: Sequence[int]) -> BlockMap:
+        tables = {seq_id: self.block_table(seq_id) for seq_id in self._blocks}
+        return build_block_map(
+            self.num_blocks, self.block_size, tables, (), owners, self.unused_token_slots(), 0
+        )
 
     # --- audits --------------------------------------------------------------------------
     def audit_blocks(self) -> list[int]:

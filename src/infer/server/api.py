@@ -22,6 +22,7 @@ from infer.server.auth import APIKeyMiddleware
 from infer.server.body_limit import BodyLimit
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
+from infer.server.dashboard import install_dashboard
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
@@ -194,6 +195,8 @@ def create_app(
         except EngineStoppedError as exc:
             raise unavailable(exc) from exc
         return JSONResponse(stats)
+
+    install_dashboard(app, engine, model_name)
 
     @app.get("/health", responses=UNAVAILABLE)
     async def health() -> JSONResponse:

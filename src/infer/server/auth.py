@@ -2,14 +2,15 @@
 
 A plain ASGI middleware, so the key is checked before the body is even parsed (a request
 without the key gets 401 whatever its body). ``/health`` and ``/metrics`` stay open for
-probes and scrapers, as in vLLM.
+probes and scrapers, as in vLLM. The dashboard needs the key too; a browser opening it
+cannot send a header, so there the key may also come as ``?api_key=<key>``.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infer.server.errors import APIError
@@ -21,8 +22,14 @@ class APIKeyMiddleware:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            error = self._check(Headers(scope=scope).get("authorization"))
+        path = scope["path"] if scope["type"] == "http" else ""
+        dashboard = path == "/dashboard" or path.startswith("/dashboard/")
+        if path.startswith("/v1/") or dashboard:
+            authorization = Headers(scope=scope).get("authorization")
+            if authorization is None and dashboard:
+                key = QueryParams(scope["query_string"]).get("api_key")
+                authorization = None if key is None else f"Bearer {key}"
+            error = self._check(authorization)
             if error is not None:
                 await error.response()(scope, receive, send)
                 return

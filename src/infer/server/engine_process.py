@@ -58,7 +58,7 @@ from infer.server.messages import (
 
 logger = logging.getLogger(__name__)
 
-_CALLABLE = frozenset({"cache_stats"})  # engine methods the API process may call
+_CALLABLE = frozenset({"cache_stats", "dashboard_view"})  # engine methods the API may call
 
 
 class _Preemptions(Protocol):

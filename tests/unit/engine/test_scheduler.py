@@ -230,6 +230,7 @@ def test_prefix_hits_skip_computed_tokens() -> None:
     scheduler.add_request(_request("second", 10))
     out = scheduler.schedule()
     assert ("second", 2) in _names(out)  # 8 tokens came from the cache
+    assert [r.num_cached_tokens for r in scheduler.running] == [0, 8]
 
 
 def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatch) -> None:

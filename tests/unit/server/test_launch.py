@@ -47,7 +47,7 @@ def test_a_second_server_cannot_join_a_port_shared_by_another(api_server_count: 
         first.bind(("127.0.0.1", 0))
         first.listen()
         port = first.getsockname()[1]
-        command = [sys.executable, "-m", "infer.server", "--model", "smollm2-135m",
+        command = [sys.executable, "-m", "infer.cli", "serve", "--model", "smollm2-135m",
                    "--device", "cpu", "--port", str(port),
                    "--api-server-count", str(api_server_count)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
