@@ -10,7 +10,7 @@ loop feeds them.
 writes). ``--paths random``: each row takes a token at random from those its mask allows, as
 ``bench_structured.py``'s dummy weights do (strings of arbitrary tokens, the costly case).
 ``--lexers``: the grammar compiled this many times, the rows' matchers copied from them in
-turn (``structured.CompiledGrammar``); every count runs the same token paths. Each step times
+turn (``grammar_cache.CompiledGrammar``); every count runs the same token paths. Each step times
 the grammar part of a step (``start_bitmask``: the matchers consume their new token and the
 masks are filled in llguidance's threads, ``INFER_GRAMMAR_THREADS`` of them), and the report
 gives, per lexer count, the total over all steps, the first step apart (lexer states are
@@ -30,15 +30,11 @@ import numpy as np
 import torch
 
 from bench_structured import SCHEMA
+from infer.engine.bitmask import start_bitmask
+from infer.engine.grammar import grammar_for
+from infer.engine.grammar_cache import CompiledGrammar, RequestGrammar, StructuredOutputs
 from infer.engine.request import Request
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.structured import (
-    CompiledGrammar,
-    RequestGrammar,
-    StructuredOutputs,
-    grammar_for,
-    start_bitmask,
-)
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ against the same requests free, in one process (issue 17).
 prepare`` writes dummy llama-3.2-3b with SmolLM2's tokenizer); weights are dummy. The
 constrained run's requests stop where their JSON ends, so both runs report output tokens
 per second, and the constrained one also, per step, how long llguidance took to fill the
-token masks and how long sampling waited for them (``structured.Bitmask``).
+token masks and how long sampling waited for them (``bitmask.Bitmask``).
 ``--scoreboard`` writes the headline figures into ``benchmarks/results/scoreboard.json``
 (``INFER_SCOREBOARD`` elsewhere).
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
-from infer.engine import structured
+from infer.engine import bitmask
 from infer.engine.sampling_params import StructuredOutputsParams
 from infer.workloads import make_workload
 
@@ -50,12 +50,12 @@ class MaskTimer:
     def __init__(self) -> None:
         self.fill_s: list[float] = []
         self.wait_s: list[float] = []
-        self._result = structured.Bitmask.result
+        self._result = bitmask.Bitmask.result
 
     def __enter__(self) -> MaskTimer:
         timer, result = self, self._result
 
-        def timed(bitmask: structured.Bitmask) -> Any:
+        def timed(bitmask: bitmask.Bitmask) -> Any:
             start = time.perf_counter()
             try:
                 return result(bitmask)
@@ -63,11 +63,11 @@ class MaskTimer:
                 timer.wait_s.append(time.perf_counter() - start)
                 timer.fill_s.append(bitmask.fill_s)
 
-        structured.Bitmask.result = timed  # type: ignore[method-assign]
+        bitmask.Bitmask.result = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *_: object) -> None:
-        structured.Bitmask.result = self._result  # type: ignore[method-assign]
+        bitmask.Bitmask.result = self._result  # type: ignore[method-assign]
 
 
 def run(

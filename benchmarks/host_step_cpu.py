@@ -38,11 +38,11 @@ from infer import LLM, SamplingParams
 from infer.attention.metadata import host_batch
 from infer.bench.checkpoint import write_checkpoint
 from infer.engine import runner as runner_module
+from infer.engine.bitmask import Bitmask
 from infer.engine.engine import Engine
 from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.sampler import SamplerOutput
 from infer.engine.sampling_params import StructuredOutputsParams
-from infer.engine.structured import Bitmask
 from infer.heap import IdleCollections, frozen_heap
 from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import _ApiLink, _EngineLoop

@@ -63,7 +63,10 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     assert upward == []
 
 
-def test_import_infer_loads_no_torch() -> None:
-    probe = "import sys, infer; print('torch' in sys.modules)"
+def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -> None:
+    probe = (
+        "import sys; from infer import SamplingParams; SamplingParams(max_tokens=4); "
+        "print('torch' in sys.modules, 'llguidance' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.stdout.strip() == "False", done.stderr
+    assert done.stdout.strip() == "False False", done.stderr

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
+from infer.engine.bitmask import Bitmask, start_bitmask
+from infer.engine.grammar_cache import StructuredOutputs
 from infer.engine.output import request_output
 from infer.engine.pacing import LaunchPacer, StepShape
 from infer.engine.prompts import Prompt, PromptEncoder
@@ -24,7 +26,6 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
-from infer.engine.structured import Bitmask, StructuredOutputs, start_bitmask
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
 from infer.models.common import check_tensor_parallel

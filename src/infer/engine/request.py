@@ -11,7 +11,7 @@ from infer.engine.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from infer.engine.structured import RequestGrammar
+    from infer.engine.grammar_cache import RequestGrammar
 
 
 class RequestState(enum.Enum):

@@ -25,11 +25,11 @@ from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.kv_tensors import KVTensors
 from infer.cache.protocol import CachePoolProtocol
 from infer.distributed.group import SINGLE, ParallelGroup
+from infer.engine.bitmask import Bitmask
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, greedy, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
-from infer.engine.structured import Bitmask
 from infer.models import DecoderModel
 
 

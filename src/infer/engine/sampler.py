@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from infer.engine.bitmask import Bitmask, start_bitmask
 from infer.engine.request import Request
-from infer.engine.structured import Bitmask, start_bitmask
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 
 
@@ -40,7 +40,7 @@ class SamplingBatch:
         output_indices: list[int] | None = None,
     ) -> SamplingBatch:
         """``bitmask``: the constrained rows' masks, when their filling was started earlier
-        (``structured.start_bitmask``); otherwise they are filled now. ``output_indices``:
+        (``bitmask.start_bitmask``); otherwise they are filled now. ``output_indices``:
         which output each row samples (a seeded row's noise and ``min_tokens`` follow it;
         default: the one after its known outputs)."""
         params = [r.params for r in requests]
@@ -172,7 +172,7 @@ def token_mask(
     started: Bitmask | None = None,
 ) -> TokenMask | None:
     """The tokens each constrained row's grammar allows next, one bit per token (filled on
-    the host by ``structured.start_bitmask``); None when no row is constrained."""
+    the host by ``bitmask.start_bitmask``); None when no row is constrained."""
     started = started or start_bitmask(requests, vocab_size, device)
     if started is None:
         return None

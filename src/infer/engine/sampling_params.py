@@ -8,8 +8,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from infer.engine.structured import grammar_for
-
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on each ``logit_bias`` value
 
 
@@ -46,6 +44,9 @@ class StructuredOutputsParams:
                 f"json_object must be given, got {sorted(given) or 'none'}"
             )
         ((kind, value),) = given.items()
+        # llguidance is loaded by the first constraint, not by importing ``SamplingParams``.
+        from infer.engine.grammar import grammar_for
+
         compiled = grammar_for(kind, value)
         if self.preamble is not None:
             compiled = _behind(self.preamble, compiled)

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
+from infer.engine.grammar import GRAMMAR_FIELD
 from infer.engine.output import record_token
 from infer.engine.request import Request, RequestState, TokenLogprob
-from infer.engine.structured import next_admissible
 
 # A request in this many failed steps is failed, even where it never failed alone.
 MAX_FAILED_STEPS = 3
@@ -391,3 +391,24 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self._release(request)
+
+
+def next_admissible(waiting: deque[Request], failed: list[Request]) -> Request | None:
+    """The first waiting request that can start: one without a grammar, or whose grammar
+    has compiled. Those behind a grammar still compiling do not wait for it; one whose
+    grammar failed to compile is finished with the error and moved to ``failed``."""
+    if not waiting or waiting[0].grammar is None:
+        return waiting[0] if waiting else None
+    for request in list(waiting):
+        grammar = request.grammar
+        if grammar is None:
+            return request
+        if not grammar.ready:
+            continue
+        error = grammar.error
+        if error is None:
+            return request
+        waiting.remove(request)
+        request.finish("error", f"{GRAMMAR_FIELD}: the grammar failed to compile: {error}")
+        failed.append(request)
+    return None

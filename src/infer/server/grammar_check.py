@@ -8,7 +8,7 @@ chained rules crashed it (SIGSEGV, the whole server with it), 100,000 choices to
 (``/health`` stalled meanwhile). Here a crash costs a worker, which is started again, and
 an overrun is cut off (the worker killed); either is the request's 400 naming the field.
 A grammar that compiles but whose language is empty is a 400 too, before generation
-(``structured.language_error``). Requests without a constraint never come here.
+(``grammar.language_error``). Requests without a constraint never come here.
 
 ``pebble``'s process pool does the bookkeeping: deadlines that kill the worker, crashes
 reported as ``ProcessExpired``, workers started again.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pebble import ProcessExpired, ProcessPool
 
+from infer.engine.grammar import CHECK_STACK_BYTES, language_error, ll_tokenizer
 from infer.engine.sampling_params import StructuredOutputsParams
-from infer.engine.structured import CHECK_STACK_BYTES, language_error, ll_tokenizer
 from infer.server.protocol import SamplingRequest
 from infer.server.request_limits import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_GRAMMAR_WORKERS
 from infer.tokenizer import Tokenizer

@@ -20,12 +20,12 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from infer.engine.grammar import GrammarError
 from infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
     SamplingParams,
     StructuredOutputsParams,
 )
-from infer.engine.structured import GrammarError
 from infer.tokenizer import ChatTemplateArgs
 
 MAX_LOGPROBS = 20

@@ -20,10 +20,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from infer.engine.grammar import GRAMMAR_FIELD
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError
-from infer.engine.structured import GRAMMAR_FIELD
 from infer.server.async_engine import (
     ENGINE_FAILED,
     AsyncEngine,

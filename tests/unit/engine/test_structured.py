@@ -15,18 +15,18 @@ import llguidance.hf
 import pytest
 import torch
 
-from infer.engine.request import Request
-from infer.engine.sampler import SamplingBatch, greedy, sample
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.structured import (
+from infer.engine.bitmask import start_bitmask
+from infer.engine.grammar import grammar_for
+from infer.engine.grammar_cache import (
     LEXERS_PER_THREAD,
     MAX_GRAMMARS_WITH_LEXERS,
     RequestGrammar,
     StructuredOutputs,
-    grammar_for,
-    next_admissible,
-    start_bitmask,
 )
+from infer.engine.request import Request
+from infer.engine.sampler import SamplingBatch, greedy, sample
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.engine.scheduler import next_admissible
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 
