@@ -69,8 +69,8 @@ class GrammarChecker:
         field = request.constraint_field
         if field is None:
             return None
-        future = self._pool.schedule(_checked, args=(request,), timeout=self.timeout_s)
-        try:
+        try:  # a broken pool fails ``schedule`` itself
+            future = self._pool.schedule(_checked, args=(request,), timeout=self.timeout_s)
             return await asyncio.wrap_future(future)
         except FutureTimeout:
             raise ValueError(
