@@ -18,7 +18,8 @@ import types
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
@@ -367,6 +368,70 @@ class CompletionRequest(SamplingRequest):
 class TextPart(_Request):
     type: Literal["text"]
     text: str
+    # A prompt-caching hint (Anthropic's, sent through LiteLLM and others): prefix caching
+    # here is automatic, so the part reads the same without it.
+    cache_control: dict[str, Any] | None = None
+
+    @property
+    def content(self) -> str:
+        return self.text
+
+
+class RefusalPart(_Request):
+    """An assistant's refusal, as OpenAI writes it in the content of earlier turns."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def content(self) -> str:
+        return self.refusal
+
+
+class UnsupportedPart(BaseModel):
+    """Any other part (``image_url``, ``input_audio``, ``file``, ...): refused, naming its
+    type, since this server reads text only."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if not isinstance(kind, str):
+            raise PydanticCustomError(
+                "content_part_type", 'a content part is an object with a "type" (e.g. text)'
+            )
+        raise PydanticCustomError(
+            "unsupported_content_part",
+            "{kind} content parts are not supported (this server reads text only)",
+            {"kind": kind},
+        )
+
+
+_PART_TAGS = {"text": "text-part", "refusal": "refusal-part"}
+
+
+def _part_tag(part: Any) -> str:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    if isinstance(kind, str) and kind in _PART_TAGS:
+        return _PART_TAGS[kind]
+    return "unsupported-part"
+
+
+# Tagged unions, so that a bad part is reported once, by its own type, and not as a failure
+# of every member ("Input should be a valid string"). The tags are left out of error
+# locations (``errors._is_union_tag``): ``messages.0.content.1`` names the part.
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text-part")]
+    | Annotated[RefusalPart, Tag("refusal-part")]
+    | Annotated[UnsupportedPart, Tag("unsupported-part")],
+    Discriminator(_part_tag),
+]
+MessageContent = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list[part]")],
+    Discriminator(lambda content: "list[part]" if isinstance(content, list) else "str"),
+]
 
 
 class FunctionCall(_Request):
@@ -380,29 +445,41 @@ class ToolCallIn(_Request):
     id: str
     type: Literal["function"]
     function: FunctionCall
+    index: int | None = None  # kept by clients that joined streamed deltas; order is the list's
 
 
 class ChatMessage(_Request):
+    """A message of the conversation. Assistant turns take every field OpenAI returns on
+    them, so clients can send back what they received (``message.model_dump()``): what does
+    not change the prompt (``annotations``; ``audio`` and ``function_call``, null as this
+    server returns them) is ignored."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: MessageContent | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: the call they answer
+    refusal: str | None = None  # assistant turns that refused: what the model said
+    annotations: list[dict[str, Any]] | None = None  # url citations of a web search
+    reasoning_content: str | None = None  # an earlier turn's thoughts (reasoning parser)
 
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it (text parts joined; developer = system;
-        ``name`` passed on for templates that use it; tool calls as OpenAI writes them)."""
+        """The message as chat templates expect it (parts joined; a refusal is what the
+        assistant said when it has no content; developer = system; ``name`` and earlier
+        thoughts passed on for templates that use them; tool calls as OpenAI writes them)."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "".join(part.content for part in content)
         role = "system" if self.role == "developer" else self.role
-        message: dict[str, Any] = {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or self.refusal or ""}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+            message["tool_calls"] = [call.model_dump(exclude={"index"}) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
