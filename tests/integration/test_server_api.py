@@ -16,6 +16,7 @@ import openai
 import pytest
 from tests.integration.conftest import metric
 
+import infer
 from infer import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -430,6 +431,31 @@ def test_models_health_and_cache_stats(url: str, client: openai.OpenAI) -> None:
                 "prefix_hit_rate", "evictions", "preemptions"):  # fmt: skip
         assert key in stats
     assert stats["num_blocks"] == 512 and stats["leaked_blocks"] == 0
+
+
+def test_probes_answer_head_and_vllm_paths(url: str) -> None:
+    for method, path in [("HEAD", "/health"), ("HEAD", "/ping"), ("GET", "/ping"),
+                         ("POST", "/ping")]:  # fmt: skip
+        response = httpx.request(method, f"{url}{path}")
+        assert response.status_code == 200, (method, path)
+        assert (response.content == b"") == (method == "HEAD")
+    assert httpx.get(f"{url}/version").json() == {"version": infer.__version__}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("completions", {"prompt": "word " * 2100}),
+        ("completions", {"prompt": "hi", "max_tokens": 4096}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "word " * 2100}]}),
+    ],
+    ids=["prompt", "prompt_and_max_tokens", "conversation"],
+)
+def test_a_context_overflow_has_openais_code(url: str, endpoint: str, body: Any) -> None:
+    error = _post(url, endpoint, body).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    other = _post(url, endpoint, {**body, "temperature": -1}).json()["error"]
+    assert other["param"] == "temperature" and other["code"] is None
 
 
 def test_metrics_count_requests_and_tokens(url: str, client: openai.OpenAI) -> None:

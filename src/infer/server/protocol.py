@@ -18,7 +18,15 @@ import types
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from infer.engine.sampling_params import (
@@ -388,45 +396,33 @@ class RefusalPart(_Request):
         return self.refusal
 
 
-class UnsupportedPart(BaseModel):
-    """Any other part (``image_url``, ``input_audio``, ``file``, ...): refused, naming its
-    type, since this server reads text only."""
+_PART_TAGS = {"text": "text-part", "refusal": "refusal-part"}
 
-    model_config = ConfigDict(extra="allow")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse(cls, data: Any) -> Any:
-        kind = data.get("type") if isinstance(data, dict) else None
-        if not isinstance(kind, str):
-            raise PydanticCustomError(
-                "content_part_type", 'a content part is an object with a "type" (e.g. text)'
-            )
+def _readable_part(part: Any) -> Any:
+    """A part this server reads (text, refusal) passes; any other (``image_url``,
+    ``input_audio``, ``file``, ...) is refused, naming its type."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    if not isinstance(kind, str):
+        raise PydanticCustomError(
+            "content_part_type", 'a content part is an object with a "type" (e.g. text)'
+        )
+    if kind not in _PART_TAGS:
         raise PydanticCustomError(
             "unsupported_content_part",
             "{kind} content parts are not supported (this server reads text only)",
             {"kind": kind},
         )
-
-
-_PART_TAGS = {"text": "text-part", "refusal": "refusal-part"}
-
-
-def _part_tag(part: Any) -> str:
-    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-    if isinstance(kind, str) and kind in _PART_TAGS:
-        return _PART_TAGS[kind]
-    return "unsupported-part"
+    return part
 
 
 # Tagged unions, so that a bad part is reported once, by its own type, and not as a failure
 # of every member ("Input should be a valid string"). The tags are left out of error
 # locations (``errors._is_union_tag``): ``messages.0.content.1`` names the part.
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("text-part")]
-    | Annotated[RefusalPart, Tag("refusal-part")]
-    | Annotated[UnsupportedPart, Tag("unsupported-part")],
-    Discriminator(_part_tag),
+    Annotated[TextPart, Tag("text-part")] | Annotated[RefusalPart, Tag("refusal-part")],
+    Discriminator(lambda part: _PART_TAGS[part["type"] if isinstance(part, dict) else part.type]),
+    BeforeValidator(_readable_part),
 ]
 MessageContent = Annotated[
     Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list[part]")],

@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from infer.engine.prompts import ContextLengthError
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import QueueFullError
@@ -276,12 +277,12 @@ class OpenAIServing(ABC):
     def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None) -> None:
         for prompt in prompts:
             if len(prompt) > self.max_prompt_tokens:
-                raise ValueError(
+                raise ContextLengthError(
                     f"{self.prompt_field}: {len(prompt)} tokens exceed the KV cache "
                     f"({self.max_prompt_tokens} tokens)"
                 )
             if max_tokens is not None and len(prompt) + max_tokens > self.max_seq_len:
-                raise ValueError(
+                raise ContextLengthError(
                     f"max_tokens: the prompt ({len(prompt)} tokens) plus max_tokens "
                     f"({max_tokens}) exceeds max_seq_len ({self.max_seq_len})"
                 )
