@@ -37,6 +37,8 @@ class GenerationResult:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[Completion]
+    # Each prompt token's logprob (None for the first), with ``SamplingParams.prompt_logprobs``
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -117,6 +119,7 @@ class LLM:
                 texts[i],
                 prompts[i],
                 [_completion(j, finished[f"{i}:{j}"]) for j in range(params[i].n)],
+                finished[f"{i}:0"].prompt_logprobs,
             )
             for i in range(len(prompts))
         ]

@@ -327,7 +327,10 @@ class Scheduler:
     def _start(self, request: Request) -> bool:
         """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
-        seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+        if request.prompt_logprobs is None:
+            seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+        else:  # it scores every prompt position: none may come from the prefix cache
+            seq_id = self.pool.allocate_sequence(0)
         if seq_id is None:
             return False
         computed = self.pool.get_seq_len(seq_id)
