@@ -55,7 +55,7 @@ class Unsupported:
 
 
 _LEGACY = "the legacy function-calling fields are not supported (use tools and tool_choice)"
-_NOT_YET = "not supported yet: the prompt's tokens and their logprobs are not returned"
+_PROMPT_ONLY_ON_COMPLETIONS = "only /v1/completions returns the prompt and its logprobs"
 # The one list of OpenAI and vLLM fields this server does not honour: why, and what to use
 # instead. Remove an entry when its field is implemented (declared on a request model).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
@@ -66,8 +66,8 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "length_penalty": Unsupported(
         "only beam search uses it, which this server does not do (omit it, or send 1)", (1, 1.0)
     ),
-    "echo": Unsupported(f"{_NOT_YET} (send echo false or omit it)", (False,)),
-    "prompt_logprobs": Unsupported(f"{_NOT_YET} (use logprobs for the generated tokens)"),
+    "echo": Unsupported(_PROMPT_ONLY_ON_COMPLETIONS, (False,)),
+    "prompt_logprobs": Unsupported(_PROMPT_ONLY_ON_COMPLETIONS),
     "suffix": Unsupported(
         "fill-in-the-middle is not supported (send the text before the gap as the prompt)", ("",)
     ),
@@ -360,8 +360,34 @@ _CONSTRAINT_FIELDS = (
 
 class CompletionRequest(SamplingRequest):
     prompt: Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | PromptBatch
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0: only with echo (the prompt alone)")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = Field(
+        False, description="the prompt before the completion (with logprobs, its tokens' too)"
+    )
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="vLLM's: each prompt token's logprob and top k"
+    )
+
+    @model_validator(mode="after")
+    def _prompt_echo_is_whole(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 only with echo (the answer is the prompt alone)")
+        # The prompt's scores come with the finished sequence, not token by token.
+        for name in ("echo", "prompt_logprobs"):
+            if self.stream and getattr(self, name) not in (False, None):
+                raise ValueError(f"{name}: not supported with stream (send stream false)")
+        return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """How many top alternatives the prompt's tokens are scored with: ``prompt_logprobs``,
+        or ``logprobs`` for an echo; None when it is not scored."""
+        asked = [self.prompt_logprobs]
+        if self.echo:
+            asked.append(self.logprobs)
+        given = [k for k in asked if k is not None]
+        return max(given) if given else None
 
     def prompts(self) -> list[str] | list[list[int]]:
         """One entry per prompt: a string or a list of token ids."""
@@ -654,10 +680,21 @@ class Usage(_Response):
 
 
 class CompletionLogprobs(_Response):
+    """Parallel lists, one entry per token; an echoed prompt's first token has no logprob
+    (null), as OpenAI's."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+
+class PromptLogprob(_Response):
+    """vLLM's score of a prompt token or an alternative to it."""
+
+    logprob: float
+    rank: int | None  # 1: the most likely token
+    decoded_token: str
 
 
 def _token_ids_field() -> Any:
@@ -676,6 +713,8 @@ class CompletionChoice(_Response):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = _token_ids_field()
+    # vLLM's, when asked for: per prompt token (the first: null), token id → its score
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _omitted_when_none()
 
 
 class CompletionResponse(_Response):

@@ -33,6 +33,7 @@ from infer.server.async_engine import (
     Job,
     RequestTimeoutError,
 )
+from infer.server.echo import PromptEcho
 from infer.server.errors import APIError, internal_server_error
 from infer.server.ids import random_hex
 from infer.server.logprobs import LogprobFormatter
@@ -68,6 +69,7 @@ class Context:
     tool_calls: ToolCalls | None = None  # chat requests with tools
     reasoning: Reasoning | None = None  # chat requests to a server with a reasoning parser
     stream_state: Any = None  # an endpoint's own state of a stream (the Responses API's)
+    echo: PromptEcho | None = None  # completions that return their prompts
 
     def token_ids(self, ids: list[int]) -> list[int] | None:
         return ids if self.return_token_ids else None
@@ -133,6 +135,10 @@ class OpenAIServing(ABC):
     def reasoning(self, request: SamplingRequest) -> Reasoning | None:
         """How the model's thoughts are told apart from its answer (chat requests to a
         server with a reasoning parser)."""
+        return None
+
+    def prompt_echo(self, request: SamplingRequest) -> PromptEcho | None:
+        """What the response returns of the prompts (completions' ``echo``)."""
         return None
 
     def stream_state(self, request: SamplingRequest) -> Any:
@@ -233,6 +239,7 @@ class OpenAIServing(ABC):
             tool_calls=self.tool_calls(request),
             reasoning=self.reasoning(request),
             stream_state=self.stream_state(request),
+            echo=self.prompt_echo(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
         return job, ctx
