@@ -214,7 +214,8 @@ BAD_INPUTS = [
     ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
     ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
-    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "echo": True, "stream": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
     ("completions", {"prompt": ""}, 400, "prompt"),
@@ -267,7 +268,8 @@ UNSUPPORTED = [
     ("chat/completions", "store", True),
     ("chat/completions", "surprise", 1),
     ("completions", "best_of", 2),
-    ("completions", "echo", True),
+    ("chat/completions", "echo", True),
+    ("chat/completions", "prompt_logprobs", 1),
     ("completions", "suffix", "!"),
 ]  # fmt: skip
 
