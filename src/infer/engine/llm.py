@@ -13,6 +13,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.wakeup import STALL_CHECK_S
 from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message
@@ -114,6 +115,8 @@ class LLM:
                     if out.finished:
                         finished[out.request_id] = out
                         bar.update(1)
+                if self.engine.stalled:  # grammars compile: wait for one, not in a busy loop
+                    self.engine.wakeup.wait(STALL_CHECK_S)
         return [
             GenerationResult(
                 texts[i],

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -198,6 +198,10 @@ class RequestGrammar:
     def ready(self) -> bool:
         """Whether compiling ended (in success or failure)."""
         return self._compiled.done()
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the compiling thread, or now) once compiling ended."""
+        self._compiled.add_done_callback(lambda _: callback())
 
     @property
     def error(self) -> str | None:
