@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from infer.engine.request import Request, TokenLogprob
-from infer.engine.scheduler import ScheduledChunk
+from infer.engine.scheduler import SchedulerOutput
 
 # Rows projected at once: bounds the [rows, vocab] float32 logits of a long prompt (512 rows
 # of a 128k vocabulary: 256 MB) without a loop per row.
@@ -56,11 +56,14 @@ class ScoredSpan:
     count: int
 
 
-def plan(chunks: list[ScheduledChunk]) -> tuple[ScoredRows, list[ScoredSpan]]:
-    """The rows of a step's chunks that score their prompt, and whose scores they are."""
-    rows, spans = ScoredRows(), []
+def plan(scheduled: SchedulerOutput) -> tuple[ScoredRows, list[ScoredSpan]]:
+    """The rows of a step's chunks that score their prompt, and whose scores they are
+    (none, at once, for a step without such a request)."""
+    rows, spans = ScoredRows(), list[ScoredSpan]()
+    if not scheduled.scores_prompts:
+        return rows, spans
     flat = 0
-    for chunk in chunks:
+    for chunk in scheduled.chunks:
         request = chunk.request
         # Positions p in the chunk whose next token p + 1 is still in the prompt.
         end = min(chunk.start + chunk.num_tokens, request.num_prompt_tokens - 1)

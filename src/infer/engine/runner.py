@@ -135,7 +135,7 @@ class ModelRunner:
         if scheduled.fed_rows:
             assert previous is not None
             input_ids = self._fed_input_ids(sequences, scheduled.fed_rows, previous.token_ids)
-        scored, spans = prompt_logprobs.plan(chunks)
+        scored, spans = prompt_logprobs.plan(scheduled)
         step = StepInputs(sequences, [c.samples for c in chunks], input_ids is not None, scored)
         if self.group.world_size > 1:
             self.group.broadcast_object(step)
