@@ -158,6 +158,47 @@ def test_cuda_graphs_and_engine_modes_change_nothing(
     )
 
 
+def _prompt_logprobs(path: str, **options: Any) -> list[list[float]]:
+    """Each prompt's scores (``prompt_logprobs``), asked after the prompts ran once (with
+    prefix caching their blocks are cached: a scoring request must compute them anyway)."""
+    settings = {
+        "load_format": "dummy",
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "num_gpu_blocks": 512,
+        "max_seq_len": 1024,
+        "max_batch_size": 16,
+        **options,
+    }
+    llm = LLM(path, **settings)
+    try:
+        llm.generate(_prompts(), SamplingParams(max_tokens=1), use_tqdm=False)
+        scored = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
+        results = llm.generate(_prompts(), scored, use_tqdm=False)
+        scores = []
+        for result in results:
+            assert result.prompt_logprobs is not None and result.prompt_logprobs[0] is None
+            scores.append([entry.logprob for entry in result.prompt_logprobs[1:]])  # type: ignore[union-attr]
+        return scores
+    finally:
+        llm.engine.close()
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_prompt_logprobs_are_the_same_with_graphs_chunks_and_a_cached_prefix(
+    family: str, checkpoints: dict[str, str]
+) -> None:
+    path = checkpoints[family]
+    eager = _prompt_logprobs(
+        path, use_cuda_graphs=False, use_chunked_prefill=False, use_prefix_caching=False
+    )
+    for options in ({}, {"prefill_chunk_size": 16}):  # defaults: graphs, chunks, prefix cache
+        for ours, reference in zip(_prompt_logprobs(path, **options), eager, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(ours), torch.tensor(reference), atol=0.1, rtol=0.02
+            )
+
+
 def test_batches_beyond_the_largest_graph_fall_back_to_eager(checkpoints: dict[str, str]) -> None:
     path = checkpoints["llama"]
     options = {"max_batch_size": 4, "num_gpu_blocks": 512}

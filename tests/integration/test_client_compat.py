@@ -139,6 +139,54 @@ def test_openai_forced_and_named_tool_calls(client: openai.OpenAI) -> None:
         assert response.choices[0].finish_reason == "tool_calls"
 
 
+def _streamed_message(client: openai.OpenAI, **request: Any) -> dict[str, Any]:
+    """The assistant message an agent framework builds from a stream: deltas joined, each
+    tool call's ``index`` kept (as ``ChoiceDeltaToolCall.model_dump()`` gives it)."""
+    message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
+    for chunk in client.chat.completions.create(**request, stream=True):
+        delta = chunk.choices[0].delta
+        if delta.content:
+            message["content"] = (message["content"] or "") + delta.content
+        for piece in delta.tool_calls or []:
+            calls = message["tool_calls"]
+            if piece.index == len(calls):
+                calls.append(piece.model_dump())
+            else:
+                function = calls[piece.index]["function"]
+                function["arguments"] += piece.function.arguments or ""  # type: ignore[union-attr]
+    return message
+
+
+def test_openai_agent_loop_sends_back_what_it_received(client: openai.OpenAI) -> None:
+    """Three tool rounds, each answer appended as the client returned it (``model_dump()``
+    with ``refusal``, ``annotations``, ``audio``, ``function_call``; ``index`` in the
+    streamed round's calls), then a final answer over the whole conversation."""
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced: dict[str, Any] = dict(
+        model=MODEL, tools=[WEATHER], tool_choice="required", max_tokens=40, temperature=0
+    )
+    after_first_use(lambda: client.chat.completions.create(messages=messages, **forced))
+    for turn in range(3):
+        if turn == 1:
+            message = _streamed_message(client, messages=messages, **forced)
+            assert message["tool_calls"] and message["tool_calls"][0]["index"] == 0
+        else:
+            received = client.chat.completions.create(messages=messages, **forced).choices[0]
+            message = received.message.model_dump()
+            assert {"refusal", "annotations", "audio", "function_call"} <= set(message)
+        messages.append(message)
+        for call in message["tool_calls"]:
+            city = json.loads(call["function"]["arguments"])["city"]
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": get_weather(city)}
+            )
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].message.content
+    assert sum(m["role"] == "tool" for m in messages) >= 3
+
+
 def test_openai_responses_create_text_streamed_and_not(client: openai.OpenAI) -> None:
     response = client.responses.create(
         model=MODEL, input="What is the capital of France?", instructions="Answer briefly.",

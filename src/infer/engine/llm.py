@@ -13,6 +13,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.wakeup import STALL_CHECK_S
 from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message
@@ -37,6 +38,8 @@ class GenerationResult:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[Completion]
+    # Each prompt token's logprob (None for the first), with ``SamplingParams.prompt_logprobs``
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -112,11 +115,14 @@ class LLM:
                     if out.finished:
                         finished[out.request_id] = out
                         bar.update(1)
+                if self.engine.stalled:  # grammars compile: wait for one, not in a busy loop
+                    self.engine.wakeup.wait(STALL_CHECK_S)
         return [
             GenerationResult(
                 texts[i],
                 prompts[i],
                 [_completion(j, finished[f"{i}:{j}"]) for j in range(params[i].n)],
+                finished[f"{i}:0"].prompt_logprobs,
             )
             for i in range(len(prompts))
         ]

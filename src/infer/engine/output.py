@@ -72,6 +72,7 @@ def request_output(
         error=request.error,
         new_logprobs=new_logprobs,
         logprobs=request.logprobs if done else [],
+        prompt_logprobs=request.prompt_logprobs if done else None,
         ttft_s=None if request.first_token_time is None else request.first_token_time - start,
         token_times_s=[t - start for t in request.token_times] if done else [],
     )

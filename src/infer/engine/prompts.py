@@ -15,6 +15,11 @@ from infer.tokenizer import Message, Tokenizer
 Prompt = str | Sequence[int]
 
 
+class ContextLengthError(ValueError):
+    """A prompt that does not fit the model's context (with the tokens asked of it): the
+    server's 400 says ``context_length_exceeded``, as OpenAI's does."""
+
+
 class PromptEncoder:
     def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, max_seq_len: int) -> None:
         self.tokenizer = tokenizer
@@ -39,7 +44,7 @@ class PromptEncoder:
         if not token_ids:
             raise ValueError(f"{field}: must not be empty")
         if len(token_ids) >= self.max_seq_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"{field}: {len(token_ids)} tokens leave no room to generate within "
                 f"max_seq_len={self.max_seq_len}"
             )

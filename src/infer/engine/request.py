@@ -27,6 +27,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    rank: int | None = None  # the token's place in the vocabulary by logprob (prompt tokens)
 
 
 @dataclass
@@ -55,6 +56,9 @@ class Request:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     grammar: RequestGrammar | None = None  # its structured-outputs matcher, if constrained
+    # Each prompt token's score once the prefill has computed it (``params.prompt_logprobs``;
+    # the first token has none), by position: a recomputed prefill writes the same ones.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         params = self.params
@@ -62,6 +66,8 @@ class Request:
         # (within its grammar's mask, if it has one) is all its sampling needs.
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         self.stop_token_ids: frozenset[int] = frozenset(params.stop_token_ids) | eos
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * self.num_prompt_tokens
         self.greedy_argmax = (
             params.greedy
             and not params.needs_penalties
@@ -125,5 +131,6 @@ class RequestOutput:
     error: str | None = None
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # all of them, when finished
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked for and finished
     ttft_s: float | None = None  # arrival → first token
     token_times_s: list[float] = field(default_factory=list)  # arrival → each token

@@ -15,7 +15,7 @@ the collectives inside it pair up, and only rank 0 samples.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,8 +25,10 @@ from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.kv_tensors import KVTensors
 from infer.cache.protocol import CachePoolProtocol
 from infer.distributed.group import SINGLE, ParallelGroup
+from infer.engine import prompt_logprobs
 from infer.engine.bitmask import Bitmask
 from infer.engine.cuda_graphs import CUDAGraphRunner
+from infer.engine.prompt_logprobs import PromptScores, ScoredRows
 from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, greedy, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
@@ -66,6 +68,7 @@ class StepInputs:
     samples: list[bool]
     ahead: bool
     copies: list[tuple[int, int]]
+    scored: ScoredRows = field(default_factory=ScoredRows)  # prompts scored this step
 
     @property
     def num_tokens(self) -> int:
@@ -74,7 +77,7 @@ class StepInputs:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as plain tuples: unpickling 256 dataclasses costs a worker ~3x more."""
         rows = [(s.block_table, s.num_computed, s.token_ids) for s in self.sequences]
-        return _step_inputs, (rows, self.samples, self.ahead, self.copies)
+        return _step_inputs, (rows, self.samples, self.ahead, self.copies, self.scored)
 
 
 def _step_inputs(
@@ -82,8 +85,9 @@ def _step_inputs(
     samples: list[bool],
     ahead: bool,
     copies: list[tuple[int, int]],
+    scored: ScoredRows,
 ) -> StepInputs:
-    return StepInputs([ScheduledSequence(*row) for row in rows], samples, ahead, copies)
+    return StepInputs([ScheduledSequence(*row) for row in rows], samples, ahead, copies, scored)
 
 
 class ModelRunner:
@@ -139,12 +143,17 @@ class ModelRunner:
             assert previous is not None
             input_ids = self._fed_input_ids(sequences, scheduled.fed_rows, previous.token_ids)
         copies = self.pool.take_copies()
-        step = StepInputs(sequences, [c.samples for c in chunks], input_ids is not None, copies)
+        scored, spans = prompt_logprobs.plan(scheduled)
+        step = StepInputs(
+            sequences, [c.samples for c in chunks], input_ids is not None, copies, scored
+        )
         if self.group.world_size > 1:
             self.group.broadcast_object(step)
             if input_ids is not None:
                 self.group.broadcast_tensor(input_ids)
-        logits = self.run_model(step, input_ids)
+        logits, scores = self.run_model(step, input_ids)
+        if scores is not None:  # waits for this step's forward pass (only where asked)
+            prompt_logprobs.record(spans, scores)
         sampling = scheduled.chunks_that_sample()
         if not sampling:
             return None
@@ -203,9 +212,12 @@ class ModelRunner:
             gc.collect()
             torch.cuda.synchronize()
 
-    def run_model(self, step: StepInputs, input_ids: Tensor | None) -> Tensor:
-        """Logits of the step's sampling rows; ``input_ids`` (on the device) overrides the
-        sequences' tokens. A captured graph runs the step when one holds it."""
+    def run_model(
+        self, step: StepInputs, input_ids: Tensor | None
+    ) -> tuple[Tensor, PromptScores | None]:
+        """Logits of the step's sampling rows, and the scores of its scored prompt tokens
+        (None when none are); ``input_ids`` (on the device) overrides the sequences' tokens.
+        A captured graph runs the step when one holds it."""
         sequences, samples = step.sequences, step.samples
         self.storage.copy_blocks(step.copies)  # every rank: each holds its share of the heads
         decode = all(len(s.token_ids) == 1 for s in sequences)
@@ -216,14 +228,23 @@ class ModelRunner:
             out = self.model(host_ids if input_ids is None else input_ids, meta)
             if decode:
                 out = self.model.compute_logits(out)
-        # A decode step's ``out`` holds every row's logits, any other step's every token's
-        # hidden state (a sequence samples from its last token).
+
+        # A decode step's ``out`` holds every row's logits (one token per row), any other
+        # step's every token's hidden state (a sequence samples from its last token).
+        computed: Tensor = out
+
+        def logits_of(flat: Tensor) -> Tensor:
+            return computed[flat] if decode else self.model.compute_logits(computed[flat])
+
+        scores = None
+        if step.scored.positions:
+            scores = prompt_logprobs.score(step.scored, logits_of, self.device)
         if decode and all(samples):
-            return out
+            return out, scores
         ends = _ends(sequences)
         rows = [i if decode else ends[i] - 1 for i, keep in enumerate(samples) if keep]
         index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        return out[index] if decode else self.model.compute_logits(out[index])
+        return logits_of(index), scores
 
 
 def _ends(sequences: list[ScheduledSequence]) -> list[int]:

@@ -95,6 +95,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # also return this many top alternatives per token
+    # Score the prompt too: each prompt token's logprob (the first has none) and this many
+    # top alternatives, from the prefill's own forward pass (vLLM's ``prompt_logprobs``).
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id → added to its logit
     skip_special_tokens: bool = True
     detokenize: bool = True
@@ -161,6 +164,11 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= 20,
             "logprobs",
             f"must be in [0, 20], got {self.logprobs}",
+        )
+        _require(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+            "prompt_logprobs",
+            f"must be in [0, 20], got {self.prompt_logprobs}",
         )
         _require(
             all(isinstance(t, int) and t >= 0 for t in self.logit_bias),

@@ -73,6 +73,9 @@ class SchedulerOutput:
     fed_rows: list[tuple[int, int]] = field(default_factory=list)
     # Scheduled ahead but short of blocks: the next step runs synchronously (and preempts).
     needs_host: bool = False
+    # A chunk's request scores its prompt (``prompt_logprobs``): the runner plans which
+    # positions to project; other steps skip the planning.
+    scores_prompts: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -213,6 +216,8 @@ class Scheduler:
         start = self.pool.get_seq_len(request.seq_id)
         samples = start + num_tokens == request.num_scheduled_tokens
         out.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
+        if request.prompt_logprobs is not None:
+            out.scores_prompts = True
         self.pool.advance(request.seq_id, num_tokens)
         request.num_placeholders += samples
 
@@ -327,7 +332,10 @@ class Scheduler:
     def _start(self, request: Request) -> bool:
         """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
-        seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+        if request.prompt_logprobs is None:
+            seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+        else:  # it scores every prompt position: none may come from the prefix cache
+            seq_id = self.pool.allocate_sequence(0)
         if seq_id is None:
             return False
         computed = self.pool.get_seq_len(seq_id)

@@ -198,7 +198,6 @@ def create_app(
 
     install_dashboard(app, engine, model_name)
 
-    @app.get("/health", responses=UNAVAILABLE)
     async def health() -> JSONResponse:
         if engine.error is not None:  # why is in the log
             raise APIError(503, "the engine failed", "server_error")
@@ -206,6 +205,23 @@ def create_app(
             raise APIError(503, "the server is not serving (starting or shutting down)",
                            "server_error")  # fmt: skip
         return JSONResponse({"status": "ok"})
+
+    # ``/ping`` is vLLM's name (SageMaker's probe, which POSTs); load balancers probe with
+    # HEAD too (Starlette answers it with the headers alone). One route per method: each
+    # has its own operation in the OpenAPI document, HEAD none.
+    for path, methods in (("/health", ("GET", "HEAD")), ("/ping", ("GET", "POST", "HEAD"))):
+        for method in methods:
+            app.add_api_route(
+                path,
+                health,
+                methods=[method],
+                responses=UNAVAILABLE,
+                include_in_schema=method != "HEAD",
+            )
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> Response:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.async_engine import ChoiceUpdate
+from infer.server.echo import PromptEcho
 from infer.server.prompt_batcher import OnEncoded, PromptOptions
 from infer.server.protocol import (
     CompletionChoice,
@@ -36,8 +39,16 @@ class CompletionServing(OpenAIServing):
     def sampling_params(
         self, request: SamplingRequest, constraint: StructuredOutputsParams | None
     ) -> SamplingParams:
+        """With ``max_tokens: 0`` the engine still samples one token (the prefill's), which
+        the response leaves out (``PromptEcho``), as vLLM does."""
         assert isinstance(request, CompletionRequest)
-        return request.sampling_params(request.max_tokens, request.logprobs, constraint)
+        max_tokens = 1 if request.max_tokens == 0 else request.max_tokens
+        params = request.sampling_params(max_tokens, request.logprobs, constraint)
+        return replace(params, prompt_logprobs=request.num_prompt_logprobs)
+
+    def prompt_echo(self, request: SamplingRequest) -> PromptEcho | None:
+        assert isinstance(request, CompletionRequest)
+        return PromptEcho.of(request)
 
     def chunk(self, ctx: Context, index: int, update: ChoiceUpdate) -> str | None:
         if not (update.token_ids or update.final):
@@ -51,17 +62,37 @@ class CompletionServing(OpenAIServing):
         return ctx.template.chunk("", ctx.usage().model_dump_json())
 
     def response(self, ctx: Context, finals: list[RequestOutput]) -> str:
-        choices = [
-            CompletionChoice(
-                index=index,
-                text=out.text,
-                logprobs=self._logprobs(ctx, index, out.logprobs),
-                finish_reason=out.finish_reason,
-                token_ids=ctx.token_ids(out.token_ids),
-            )
-            for index, out in enumerate(finals)
-        ]
+        if ctx.echo is None:
+            choices = [
+                CompletionChoice(
+                    index=index,
+                    text=out.text,
+                    logprobs=self._logprobs(ctx, index, out.logprobs),
+                    finish_reason=out.finish_reason,
+                    token_ids=ctx.token_ids(out.token_ids),
+                )
+                for index, out in enumerate(finals)
+            ]
+        else:
+            choices = [self._echo_choice(ctx, ctx.echo, i, out) for i, out in enumerate(finals)]
+            if not ctx.echo.generates:
+                ctx.completion_tokens = 0
         return self._body(ctx, choices, with_usage=True).model_dump_json()
+
+    def _echo_choice(
+        self, ctx: Context, echo: PromptEcho, index: int, out: RequestOutput
+    ) -> CompletionChoice:
+        """A choice that returns its prompt (``echo``) or its scores (``prompt_logprobs``)."""
+        tokenizer = self.engine.prompts.tokenizer
+        logprobs = self._logprobs(ctx, index, out.logprobs)
+        return CompletionChoice(
+            index=index,
+            text=echo.text(index // ctx.n, out, tokenizer),
+            logprobs=echo.logprobs(out, logprobs, self.logprobs, ctx.num_logprobs or 0),
+            finish_reason=out.finish_reason if echo.generates else "length",
+            token_ids=ctx.token_ids(out.token_ids if echo.generates else []),
+            prompt_logprobs=echo.scores(out, self.logprobs),
+        )
 
     def _logprobs(
         self, ctx: Context, index: int, entries: list[TokenLogprob]

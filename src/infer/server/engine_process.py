@@ -37,6 +37,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.wakeup import STALL_CHECK_S, Wakeup
 from infer.heap import IdleCollections, freeze_heap
 from infer.server.engine_pipes import PipeEnds
 from infer.server.messages import (
@@ -77,6 +78,14 @@ class ServedEngine(Protocol):
     def abort(self, request_id: str) -> bool: ...
 
     def has_unfinished_requests(self) -> bool: ...
+
+    @property
+    def stalled(self) -> bool:
+        """The last step found nothing it could run (``wakeup`` says when it may)."""
+        ...
+
+    @property
+    def wakeup(self) -> Wakeup: ...
 
     def wait_to_schedule(self) -> None: ...
 
@@ -224,13 +233,19 @@ class _EngineLoop:
                 self._send_step(self.engine.step())
 
     def _run_commands(self) -> bool:
-        """Run the queued commands of every API process (waiting for one while idle);
-        False on stop."""
-        idle = not self.engine.has_unfinished_requests()
+        """Run the queued commands of every API process; False on stop. While the engine
+        has nothing to run (no requests, or only ones whose grammars compile) it blocks
+        until a command comes or the engine's wake-up is set: an idle engine costs no CPU."""
+        engine = self.engine
+        idle = not engine.has_unfinished_requests() or engine.stalled
         ran = False
         while True:
             if idle and not ran:
-                connection_wait([api.commands for api in self.apis])
+                timeout = STALL_CHECK_S if engine.stalled else None
+                waited: list[Connection | int] = [api.commands for api in self.apis]
+                waited.append(engine.wakeup.fileno())
+                connection_wait(waited, timeout)
+                engine.wakeup.clear()
             ready = [api for api in self.apis if api.commands.poll()]
             if not ready:
                 break

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from infer.engine.prompts import ContextLengthError
 from infer.server.protocol import ErrorInfo, ErrorResponse, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -42,10 +43,12 @@ class APIError(Exception):
 
     @classmethod
     def bad_request(cls, exc: Exception, default_param: str | None = None) -> APIError:
-        """A 400 from a ``ValueError`` (``"field: message"`` names the field)."""
+        """A 400 from a ``ValueError`` (``"field: message"`` names the field; a prompt too
+        long for the context has OpenAI's code)."""
         message = str(exc)
         match = _FIELD_PREFIX.match(message)
-        return cls(400, message, param=match.group(1) if match else default_param)
+        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+        return cls(400, message, param=match.group(1) if match else default_param, code=code)
 
     def json(self) -> str:
         return ErrorResponse(error=self.info).model_dump_json()

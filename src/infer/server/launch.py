@@ -70,7 +70,7 @@ DEFAULT_PENDING_PER_CLIENT = 256
 # or are refused by it (a full queue: its own 503).
 _SPARE_REQUESTS = 256
 # Never refused for capacity (``concurrency.py``).
-_PROBES = frozenset({"/health", "/metrics"})
+_PROBES = frozenset({"/health", "/ping", "/metrics"})
 _STARTED = re.compile(r"Uvicorn running on (http://\S+:\d+)")
 
 

@@ -9,10 +9,17 @@ Chat: one object per token with its UTF-8 ``bytes`` and the ``top_logprobs`` alt
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 from infer.engine.request import TokenLogprob
-from infer.server.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from infer.server.protocol import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    PromptLogprob,
+    TopLogprob,
+)
 from infer.tokenizer import Tokenizer
 
 
@@ -38,6 +45,48 @@ class LogprobFormatter:
             out.top_logprobs.append(top)
             out.text_offset.append(offset)
             offset += len(text)
+        return out
+
+    def echoed_prompt(
+        self, token_ids: Sequence[int], scores: Sequence[TokenLogprob | None], wanted: int
+    ) -> CompletionLogprobs:
+        """An echoed prompt's tokens, from offset 0, with their scores and ``wanted`` top
+        alternatives; the first token has none (null)."""
+        first = self.token_text(token_ids[0])
+        scored = []
+        for entry in scores[1:]:
+            assert entry is not None  # the prefill scored every later token
+            scored.append(replace(entry, top=dict(list(entry.top.items())[:wanted])))
+        rest = self.completion(scored, len(first))
+        return CompletionLogprobs(
+            tokens=[first, *rest.tokens],
+            token_logprobs=[None, *rest.token_logprobs],
+            top_logprobs=[None, *rest.top_logprobs],
+            text_offset=[0, *rest.text_offset],
+        )
+
+    def prompt_logprobs(
+        self, scores: Sequence[TokenLogprob | None], wanted: int
+    ) -> list[dict[str, PromptLogprob] | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token, its id and its ``wanted`` top
+        alternatives' ids (as strings) to their scores."""
+        out: list[dict[str, PromptLogprob] | None] = []
+        for entry in scores:
+            if entry is None:
+                out.append(None)
+                continue
+            top = list(entry.top.items())[:wanted]
+            ranked = {t: PromptLogprob(logprob=lp, rank=i + 1, decoded_token=self.token_text(t))
+                      for i, (t, lp) in enumerate(top)}  # fmt: skip
+            ranked.setdefault(
+                entry.token_id,
+                PromptLogprob(
+                    logprob=entry.logprob,
+                    rank=entry.rank,
+                    decoded_token=self.token_text(entry.token_id),
+                ),
+            )
+            out.append({str(t): score for t, score in ranked.items()})
         return out
 
     def chat(self, logprobs: Sequence[TokenLogprob]) -> ChatLogprobs:

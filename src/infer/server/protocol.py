@@ -18,7 +18,16 @@ import types
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from infer.engine.grammar import GrammarError
 from infer.engine.sampling_params import (
@@ -43,7 +52,7 @@ class Unsupported:
 
 
 _LEGACY = "the legacy function-calling fields are not supported (use tools and tool_choice)"
-_NOT_YET = "not supported yet: the prompt's tokens and their logprobs are not returned"
+_PROMPT_ONLY_ON_COMPLETIONS = "only /v1/completions returns the prompt and its logprobs"
 # The one list of OpenAI and vLLM fields this server does not honour: why, and what to use
 # instead. Remove an entry when its field is implemented (declared on a request model).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
@@ -54,8 +63,8 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "length_penalty": Unsupported(
         "only beam search uses it, which this server does not do (omit it, or send 1)", (1, 1.0)
     ),
-    "echo": Unsupported(f"{_NOT_YET} (send echo false or omit it)", (False,)),
-    "prompt_logprobs": Unsupported(f"{_NOT_YET} (use logprobs for the generated tokens)"),
+    "echo": Unsupported(_PROMPT_ONLY_ON_COMPLETIONS, (False,)),
+    "prompt_logprobs": Unsupported(_PROMPT_ONLY_ON_COMPLETIONS),
     "suffix": Unsupported(
         "fill-in-the-middle is not supported (send the text before the gap as the prompt)", ("",)
     ),
@@ -368,8 +377,34 @@ _CONSTRAINT_FIELDS = (
 
 class CompletionRequest(SamplingRequest):
     prompt: Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | PromptBatch
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0: only with echo (the prompt alone)")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = Field(
+        False, description="the prompt before the completion (with logprobs, its tokens' too)"
+    )
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="vLLM's: each prompt token's logprob and top k"
+    )
+
+    @model_validator(mode="after")
+    def _prompt_echo_is_whole(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 only with echo (the answer is the prompt alone)")
+        # The prompt's scores come with the finished sequence, not token by token.
+        for name in ("echo", "prompt_logprobs"):
+            if self.stream and getattr(self, name) not in (False, None):
+                raise ValueError(f"{name}: not supported with stream (send stream false)")
+        return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """How many top alternatives the prompt's tokens are scored with: ``prompt_logprobs``,
+        or ``logprobs`` for an echo; None when it is not scored."""
+        asked = [self.prompt_logprobs]
+        if self.echo:
+            asked.append(self.logprobs)
+        given = [k for k in asked if k is not None]
+        return max(given) if given else None
 
     def prompts(self) -> list[str] | list[list[int]]:
         """One entry per prompt: a string or a list of token ids."""
@@ -384,6 +419,58 @@ class CompletionRequest(SamplingRequest):
 class TextPart(_Request):
     type: Literal["text"]
     text: str
+    # A prompt-caching hint (Anthropic's, sent through LiteLLM and others): prefix caching
+    # here is automatic, so the part reads the same without it.
+    cache_control: dict[str, Any] | None = None
+
+    @property
+    def content(self) -> str:
+        return self.text
+
+
+class RefusalPart(_Request):
+    """An assistant's refusal, as OpenAI writes it in the content of earlier turns."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def content(self) -> str:
+        return self.refusal
+
+
+_PART_TAGS = {"text": "text-part", "refusal": "refusal-part"}
+
+
+def _readable_part(part: Any) -> Any:
+    """A part this server reads (text, refusal) passes; any other (``image_url``,
+    ``input_audio``, ``file``, ...) is refused, naming its type."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    if not isinstance(kind, str):
+        raise PydanticCustomError(
+            "content_part_type", 'a content part is an object with a "type" (e.g. text)'
+        )
+    if kind not in _PART_TAGS:
+        raise PydanticCustomError(
+            "unsupported_content_part",
+            "{kind} content parts are not supported (this server reads text only)",
+            {"kind": kind},
+        )
+    return part
+
+
+# Tagged unions, so that a bad part is reported once, by its own type, and not as a failure
+# of every member ("Input should be a valid string"). The tags are left out of error
+# locations (``errors._is_union_tag``): ``messages.0.content.1`` names the part.
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text-part")] | Annotated[RefusalPart, Tag("refusal-part")],
+    Discriminator(lambda part: _PART_TAGS[part["type"] if isinstance(part, dict) else part.type]),
+    BeforeValidator(_readable_part),
+]
+MessageContent = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list[part]")],
+    Discriminator(lambda content: "list[part]" if isinstance(content, list) else "str"),
+]
 
 
 class FunctionCall(_Request):
@@ -397,29 +484,41 @@ class ToolCallIn(_Request):
     id: str
     type: Literal["function"]
     function: FunctionCall
+    index: int | None = None  # kept by clients that joined streamed deltas; order is the list's
 
 
 class ChatMessage(_Request):
+    """A message of the conversation. Assistant turns take every field OpenAI returns on
+    them, so clients can send back what they received (``message.model_dump()``): what does
+    not change the prompt (``annotations``; ``audio`` and ``function_call``, null as this
+    server returns them) is ignored."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: MessageContent | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: the call they answer
+    refusal: str | None = None  # assistant turns that refused: what the model said
+    annotations: list[dict[str, Any]] | None = None  # url citations of a web search
+    reasoning_content: str | None = None  # an earlier turn's thoughts (reasoning parser)
 
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it (text parts joined; developer = system;
-        ``name`` passed on for templates that use it; tool calls as OpenAI writes them)."""
+        """The message as chat templates expect it (parts joined; a refusal is what the
+        assistant said when it has no content; developer = system; ``name`` and earlier
+        thoughts passed on for templates that use them; tool calls as OpenAI writes them)."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "".join(part.content for part in content)
         role = "system" if self.role == "developer" else self.role
-        message: dict[str, Any] = {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or self.refusal or ""}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+            message["tool_calls"] = [call.model_dump(exclude={"index"}) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
@@ -602,10 +701,21 @@ class Usage(_Response):
 
 
 class CompletionLogprobs(_Response):
+    """Parallel lists, one entry per token; an echoed prompt's first token has no logprob
+    (null), as OpenAI's."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+
+class PromptLogprob(_Response):
+    """vLLM's score of a prompt token or an alternative to it."""
+
+    logprob: float
+    rank: int | None  # 1: the most likely token
+    decoded_token: str
 
 
 def _token_ids_field() -> Any:
@@ -624,6 +734,8 @@ class CompletionChoice(_Response):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = _token_ids_field()
+    # vLLM's, when asked for: per prompt token (the first: null), token id → its score
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _omitted_when_none()
 
 
 class CompletionResponse(_Response):

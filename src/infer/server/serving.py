@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from infer.engine.grammar import GRAMMAR_FIELD
+from infer.engine.prompts import ContextLengthError
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError
@@ -32,6 +33,7 @@ from infer.server.async_engine import (
     Job,
     RequestTimeoutError,
 )
+from infer.server.echo import PromptEcho
 from infer.server.errors import APIError, internal_server_error
 from infer.server.grammar_check import GrammarChecker, GrammarCheckError
 from infer.server.ids import random_hex
@@ -78,6 +80,7 @@ class Context:
     tool_calls: ToolCalls | None = None  # chat requests with tools
     reasoning: Reasoning | None = None  # chat requests to a server with a reasoning parser
     stream_state: Any = None  # an endpoint's own state of a stream (the Responses API's)
+    echo: PromptEcho | None = None  # completions that return their prompts
 
     def token_ids(self, ids: list[int]) -> list[int] | None:
         return ids if self.return_token_ids else None
@@ -148,6 +151,10 @@ class OpenAIServing(ABC):
     def reasoning(self, request: SamplingRequest) -> Reasoning | None:
         """How the model's thoughts are told apart from its answer (chat requests to a
         server with a reasoning parser)."""
+        return None
+
+    def prompt_echo(self, request: SamplingRequest) -> PromptEcho | None:
+        """What the response returns of the prompts (completions' ``echo``)."""
         return None
 
     def stream_state(self, request: SamplingRequest) -> Any:
@@ -252,6 +259,7 @@ class OpenAIServing(ABC):
             tool_calls=self.tool_calls(request),
             reasoning=self.reasoning(request),
             stream_state=self.stream_state(request),
+            echo=self.prompt_echo(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
         return job, ctx
@@ -296,12 +304,12 @@ class OpenAIServing(ABC):
     def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None) -> None:
         for prompt in prompts:
             if len(prompt) > self.max_prompt_tokens:
-                raise ValueError(
+                raise ContextLengthError(
                     f"{self.prompt_field}: {len(prompt)} tokens exceed the KV cache "
                     f"({self.max_prompt_tokens} tokens)"
                 )
             if max_tokens is not None and len(prompt) + max_tokens > self.max_seq_len:
-                raise ValueError(
+                raise ContextLengthError(
                     f"max_tokens: the prompt ({len(prompt)} tokens) plus max_tokens "
                     f"({max_tokens}) exceeds max_seq_len ({self.max_seq_len})"
                 )

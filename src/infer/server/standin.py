@@ -16,6 +16,7 @@ from infer.config import EngineConfig, ModelConfig
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.wakeup import Wakeup
 from infer.loader import resolve_model
 from infer.server.engine_process import ServedEngine
 from infer.server.messages import EngineInfo
@@ -50,6 +51,8 @@ class StandInEngine:
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         self.num_structured_output_errors = 0  # it has no grammars
+        self.stalled = False  # without grammars, whatever waits can run
+        self.wakeup = Wakeup()  # never set
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
         self._next_step = 0.0

@@ -67,7 +67,7 @@ def test_connection_defaults() -> None:
     )
     assert isinstance(server.config.app, ConcurrencyLimit)
     assert server.config.app.limit == 8 + 24 + 256  # requests
-    assert server.config.app.exempt == {"/health", "/metrics"}
+    assert server.config.app.exempt == {"/health", "/ping", "/metrics"}
     assert server.config.limit_concurrency is None  # uvicorn's count of connections: unused
     for bad, message in (
         (dict(limit_concurrency=0), r"^limit_concurrency: must be >= 1"),

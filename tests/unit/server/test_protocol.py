@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from infer.server.errors import _validation_error
 from infer.server.protocol import (
     UNSUPPORTED_FIELDS,
     ChatCompletionRequest,
@@ -212,3 +215,52 @@ def test_a_stateless_server_refuses_what_needs_stored_responses(
     with pytest.raises(ValidationError, match=f"{param}: this server keeps no responses"):
         ResponsesRequest.model_validate({"input": "hi", **fields})
     ResponsesRequest.model_validate({"input": "hi", "store": False})
+
+
+def _bad_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The 400 body a client gets for a chat request (``errors.py`` names the field)."""
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(body)
+    return json.loads(_validation_error(RequestValidationError(refused.value.errors())).json())
+
+
+def test_an_assistant_turn_sent_back_as_received_renders_what_it_said() -> None:
+    received = {  # openai's ChatCompletionMessage.model_dump(), tool calls joined from deltas
+        "role": "assistant", "content": None, "refusal": None, "annotations": [],
+        "audio": None, "function_call": None, "reasoning_content": "Weather needs a tool.",
+        "tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                        "function": {"name": "weather", "arguments": "{}"}}],
+    }  # fmt: skip
+    refused = {"role": "assistant", "content": None, "refusal": "I cannot help with that."}
+    request = ChatCompletionRequest.model_validate({"messages": [*QUESTION, received, refused]})
+    assert [m.for_template() for m in request.messages[1:]] == [
+        {"role": "assistant", "content": "", "reasoning_content": "Weather needs a tool.",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "assistant", "content": "I cannot help with that."},
+    ]  # fmt: skip
+
+
+def test_text_and_refusal_parts_are_joined_and_caching_hints_ignored() -> None:
+    parts = [
+        {"type": "text", "text": "Sure: ", "cache_control": {"type": "ephemeral"}},
+        {"type": "refusal", "refusal": "no."},
+    ]
+    request = ChatCompletionRequest.model_validate(
+        {"messages": [*QUESTION, {"role": "assistant", "content": parts}]}
+    )
+    assert request.messages[1].for_template() == {"role": "assistant", "content": "Sure: no."}
+
+
+@pytest.mark.parametrize("kind", ["image_url", "input_audio", "file"])
+def test_a_part_this_server_cannot_read_is_refused_by_its_type(kind: str) -> None:
+    parts = [{"type": "text", "text": "What is this?"}, {"type": kind, kind: {"url": "x"}}]
+    error = _bad_request({"messages": [{"role": "user", "content": parts}]})["error"]
+    assert error["param"] == "messages.0.content.1"
+    assert error["message"].startswith(f"messages.0.content.1: {kind} content parts are not")
+
+
+def test_audio_this_server_never_returned_is_refused() -> None:
+    turn = {"role": "assistant", "content": "hi", "audio": {"id": "audio_1"}}
+    error = _bad_request({"messages": [*QUESTION, turn]})["error"]
+    assert error["param"] == "messages.1.audio"
