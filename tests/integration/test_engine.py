@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from infer.engine.structured import CompiledGrammar, StructuredOutputs
 
 from infer import LLM, SamplingParams
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.engine.grammar_cache import CompiledGrammar, StructuredOutputs
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import StructuredOutputsParams
 
