@@ -80,13 +80,14 @@ def plan(scheduled: SchedulerOutput) -> tuple[ScoredRows, list[ScoredSpan]]:
 def score(
     rows: ScoredRows, logits_of: Callable[[Tensor], Tensor], device: torch.device
 ) -> PromptScores:
-    """Score ``rows``; ``logits_of(flat_indexes)`` gives their float32 logits."""
+    """Score ``rows``; ``logits_of(flat_indexes)`` gives their logits (in the model's dtype:
+    widened here, as the sampler's logprobs are)."""
     positions = torch.tensor(rows.positions, dtype=torch.int64).to(device, non_blocking=True)
     targets = torch.tensor(rows.targets, dtype=torch.int64).to(device, non_blocking=True)
     parts = []
     for start in range(0, len(rows.positions), ROWS_PER_SLICE):
         logits = logits_of(positions[start : start + ROWS_PER_SLICE])
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         target = targets[start : start + ROWS_PER_SLICE, None]
         chosen = logprobs.gather(1, target)
         ranks = (logprobs > chosen).sum(dim=-1) + 1
