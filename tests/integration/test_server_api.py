@@ -194,8 +194,8 @@ def test_chat_logprobs_streamed(client: openai.OpenAI) -> None:
 
 # --- bad input ------------------------------------------------------------------------------
 BAD_INPUTS = [
-    ("completions", b'{"prompt": "hi", ', 400, None),
-    ("completions", b"[1, 2]", 400, None),
+    ("completions", b'{"prompt": "hi", ', 400, "body"),
+    ("completions", b"[1, 2]", 400, "body"),
     ("completions", {"max_tokens": 4}, 400, "prompt"),
     ("completions", {"prompt": 42}, 400, "prompt"),
     ("completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
