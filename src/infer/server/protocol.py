@@ -52,7 +52,9 @@ class Unsupported:
 
 
 _LEGACY = "the legacy function-calling fields are not supported (use tools and tool_choice)"
-_PROMPT_ONLY_ON_COMPLETIONS = "only /v1/completions returns the prompt and its logprobs"
+_PROMPT_ONLY_ON_COMPLETIONS = (
+    "not on chat completions (/v1/completions returns the prompt and its logprobs)"
+)
 # The one list of OpenAI and vLLM fields this server does not honour: why, and what to use
 # instead. Remove an entry when its field is implemented (declared on a request model).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
