@@ -88,8 +88,9 @@ def test_served_model_name(server: ServerProcess) -> None:
 
 def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
     """Twice: no CPU over 10 s without requests, then a request that runs as soon as one
-    that follows another does (time to its one token, against the best of three; the
-    margin is this shared CPU's noise: a loop that polled would lose its period here)."""
+    that follows another does (time to its one token, against the best of three). The
+    margin is a shared VM's wake-up noise (70 ms seen under load); what it catches is a
+    loop that sleeps for a period, such as the engine's 1-s safety re-check."""
     engine = psutil.Process(server.engine_pid())
     body = {"model": "smol", "prompt": "Hi", "max_tokens": 1}
 
@@ -107,7 +108,7 @@ def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
         cpu_s = sum(engine.cpu_times()[:2]) - before
         assert cpu_s < 0.1, f"{cpu_s:.3f} s of CPU in {IDLE_S} s idle"
         after_idle.append(one_token())
-    assert min(after_idle) < busy + 0.050, (after_idle, busy)
+    assert min(after_idle) < busy + 0.25, (after_idle, busy)
 
 
 def test_request_timeout_aborts(server: ServerProcess) -> None:
