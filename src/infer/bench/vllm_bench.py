@@ -16,6 +16,7 @@ after the role chunk (the first token on both servers) and leaves that first gap
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,24 +112,21 @@ SAMPLING_DESCRIPTIONS = {
 
 def parse_samplings(value: str) -> list[str]:
     """``"defaults,greedy"`` → the names, each checked."""
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in SAMPLINGS]
-    if unknown or not names:
-        raise ValueError(
-            f"samplings: unknown {unknown or value!r}; choose from {', '.join(SAMPLINGS)}"
-        )
-    return names
+    return _checked_names(value, SAMPLINGS, "samplings")
 
 
 def parse_serving_workloads(value: str) -> list[ServingWorkload]:
     """``"completions,chat"`` → the workloads, each checked."""
+    return [SERVING_WORKLOADS[n] for n in _checked_names(value, SERVING_WORKLOADS, "workloads")]
+
+
+def _checked_names(value: str, known: Mapping[str, object], field: str) -> list[str]:
+    """A comma-separated list of names of ``known``; ``ValueError`` naming ``field``."""
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in SERVING_WORKLOADS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ValueError(
-            f"workloads: unknown {unknown or value!r}; choose from {', '.join(SERVING_WORKLOADS)}"
-        )
-    return [SERVING_WORKLOADS[n] for n in names]
+        raise ValueError(f"{field}: unknown {unknown or value!r}; choose from {', '.join(known)}")
+    return names
 
 
 def client_command(
