@@ -101,17 +101,18 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(10, 4096, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
+ENGINE_SETTINGS: dict[str, Any] = {
+    "load_format": "dummy",
+    "device": "cuda",
+    "dtype": "bfloat16",
+    "num_gpu_blocks": 512,
+    "max_seq_len": 1024,
+    "max_batch_size": 16,
+}
+
+
 def _generate(path: str, sharpen: bool = True, **options: Any) -> list[list[int]]:
-    settings = {
-        "load_format": "dummy",
-        "device": "cuda",
-        "dtype": "bfloat16",
-        "num_gpu_blocks": 512,
-        "max_seq_len": 1024,
-        "max_batch_size": 16,
-        **options,
-    }
-    llm = LLM(path, **settings)
+    llm = LLM(path, **{**ENGINE_SETTINGS, **options})
     try:
         if sharpen:  # so bf16 rounding cannot flip the random model's near-ties
             with torch.no_grad():
@@ -161,16 +162,7 @@ def test_cuda_graphs_and_engine_modes_change_nothing(
 def _prompt_logprobs(path: str, **options: Any) -> list[list[float]]:
     """Each prompt's scores (``prompt_logprobs``), asked after the prompts ran once (with
     prefix caching their blocks are cached: a scoring request must compute them anyway)."""
-    settings = {
-        "load_format": "dummy",
-        "device": "cuda",
-        "dtype": "bfloat16",
-        "num_gpu_blocks": 512,
-        "max_seq_len": 1024,
-        "max_batch_size": 16,
-        **options,
-    }
-    llm = LLM(path, **settings)
+    llm = LLM(path, **{**ENGINE_SETTINGS, **options})
     try:
         llm.generate(_prompts(), SamplingParams(max_tokens=1), use_tqdm=False)
         scored = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
