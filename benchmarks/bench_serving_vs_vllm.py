@@ -48,6 +48,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -72,6 +73,7 @@ from infer.bench.vllm_bench import (
     client_command,
     format_comparison,
     format_startup,
+    median_run,
     parse_samplings,
     parse_serving_workloads,
     read_bench,
@@ -123,6 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument(
         "--warmups", type=int, default=32, help="client warm-up requests per run (default: 32)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each workload and sampling, on prompts of their own; the report takes "
+        "each one's median run (default: 1)",
     )
     parser.add_argument(
         "--samplings",
@@ -211,9 +220,10 @@ def run_server_phase(
         print(f"{server}: ready after {startup['ready_s']:.1f} s", flush=True)
         warm_up = _Run(workloads[0], samplings[0], WARM_UP_SEED, "warm-up")
         ok = _run_client(server, warm_up, args, folder, url, vllm_env)
-        runs = [(w, s) for w in workloads for s in samplings]
-        for seed, (workload, sampling) in enumerate(runs, start=1):
-            run = _Run(workload, sampling, seed, f"{workload.name}-{sampling}")
+        runs = [(w, s, r) for r in range(args.repeats) for w in workloads for s in samplings]
+        for seed, (workload, sampling, repeat) in enumerate(runs, start=1):
+            name = f"{workload.name}-{sampling}" + (f"-r{repeat + 1}" if repeat else "")
+            run = _Run(workload, sampling, seed, name)
             ok = _run_client(server, run, args, folder, url, vllm_env) and ok
     except RuntimeError as exc:
         print(f"!!! {server}: {exc}", flush=True)
@@ -306,12 +316,13 @@ def report(
     """Startup and comparison tables (the comparison last), ``summary.json``, scoreboard."""
     out: Path = args.results_dir
     rows = [
-        summarize_bench(read_bench(path), workload, server, sampling)
+        median_run([summarize_bench(read_bench(path), workload, server, sampling)
+                    for path in repeats])
         for workload in workloads
         for sampling in samplings
         for server in SERVERS
-        if (path := out / f"{server}-{workload.name}-{sampling}.json").exists()
-    ]
+        if (repeats := _repeat_files(out, f"{server}-{workload.name}-{sampling}"))
+    ]  # fmt: skip
     startups = [
         json.loads(path.read_text())
         for server in SERVERS
@@ -338,6 +349,13 @@ def report(
     print(format_startup(startups))
     print(f"\n{args.preset}, {args.weights} weights, vllm bench serve (one client process):\n")
     print(format_comparison(rows), flush=True)
+
+
+def _repeat_files(folder: Path, name: str) -> list[Path]:
+    """``name``'s result and its repeats' (``name-r2``, ...), in the order they ran."""
+    pattern = re.compile(rf"{re.escape(name)}(?:-r(\d+))?")
+    found = [(m, p) for p in folder.glob(f"{name}*.json") if (m := pattern.fullmatch(p.stem))]
+    return [p for m, p in sorted(found, key=lambda found: int(found[0][1] or 1))]
 
 
 def main() -> int:

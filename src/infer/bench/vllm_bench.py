@@ -263,10 +263,27 @@ def _ms(stats: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repeat with the median output throughput (the lower middle of an even count),
+    carrying every repeat's throughput as ``repeats_output_tok_s``."""
+    ordered = sorted(runs, key=lambda row: row["output_tok_s"])
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "repeats_output_tok_s": [row["output_tok_s"] for row in runs],
+    }
+
+
+def _throughput(row: dict[str, Any]) -> str:
+    repeats = row.get("repeats_output_tok_s", [])
+    if len(repeats) < 2:
+        return f"{row['output_tok_s']:,.1f}"
+    return f"{row['output_tok_s']:,.1f} ({min(repeats):,.0f}-{max(repeats):,.0f})"
+
+
 def format_comparison(rows: list[dict[str, Any]]) -> str:
-    """Markdown: per workload, each server's figures; infer's row carries infer ÷ vLLM for
-    output tok/s (> 1: infer is faster) and vLLM ÷ infer for the latencies (> 1: infer's are
-    lower)."""
+    """Markdown: per workload, each server's figures (of its median repeat, with the range
+    of all repeats' throughput); infer's row carries infer ÷ vLLM for output tok/s (> 1:
+    infer is faster) and vLLM ÷ infer for the latencies (> 1: infer's are lower)."""
     lines = [
         "| workload | sampling | server | output tok/s | TTFT p50 / p99 ms "
         "| ITL p50 / p90 / p99 ms | TPOT p50 ms | ok | tok/s infer ÷ vLLM "
@@ -285,7 +302,7 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
                 workload,
                 sampling,
                 server,
-                f"{row['output_tok_s']:,.1f}",
+                _throughput(row),
                 f"{_ms(ttft, 'p50')} / {_ms(ttft, 'p99')}",
                 f"{_ms(itl, 'p50')} / {_ms(itl, 'p90')} / {_ms(itl, 'p99')}",
                 _ms(tpot, "p50"),

@@ -15,6 +15,7 @@ from infer.bench.vllm_bench import (
     client_command,
     format_comparison,
     format_startup,
+    median_run,
     parse_samplings,
     parse_serving_workloads,
     read_bench,
@@ -105,6 +106,16 @@ def test_comparison_table_puts_infer_first_with_the_ratios_of_the_same_sampling(
     assert lines[2].endswith("| 256/256 | 1.20x | 2.00x / 1.25x |")
     assert lines[3].startswith("| chat | greedy | vllm |") and lines[3].endswith("| - | - |")
     assert lines[4].startswith("| chat | defaults | infer |") and "| 1.50x |" in lines[4]
+
+
+def test_repeats_are_reported_by_their_median_run_with_the_range() -> None:
+    runs = [_row("infer", "chat", tok_s, 200.0, 8.0) for tok_s in (15_000.0, 19_000.0, 18_000.0)]
+    row = median_run(runs)
+    assert row["output_tok_s"] == 18_000.0
+    assert row["repeats_output_tok_s"] == [15_000.0, 19_000.0, 18_000.0]
+    assert median_run(runs[:2])["output_tok_s"] == 15_000.0  # the lower middle of two
+    line = format_comparison([row]).splitlines()[2]
+    assert line.startswith("| chat | greedy | infer | 18,000.0 (15,000-19,000) |")
 
 
 def test_scoreboard_values_and_startup_table() -> None:

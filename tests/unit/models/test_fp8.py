@@ -90,5 +90,7 @@ def test_scaled_mm_matches_the_reference(
     ours = fp8_linear(x, w_q, w_scale)
     reference = fp8_matmul_reference(*quantize_rows(x), w_q, w_scale)
     assert ours.dtype == dtype
-    # bfloat16 output rounding (8 bits) on top of float32 accumulation order.
-    torch.testing.assert_close(ours.float(), reference, rtol=2**-7, atol=1e-2)
+    # bfloat16 output rounding (8 bits), and the kernel's own accumulation order, whose
+    # error grows with the sum's largest terms rather than with each output.
+    atol = 2**-12 * reference.abs().max().item()
+    torch.testing.assert_close(ours.float(), reference, rtol=2**-7, atol=atol)
