@@ -79,15 +79,16 @@ def host_batch(
     seqs: list[ScheduledSequence],
     block_size: int,
     num_rows: int | None = None,
-    table_width: int | None = None,
     num_tokens: int | None = None,
 ) -> HostBatch:
     """Flatten scheduled sequences with numpy (no per-token Python work).
 
-    ``num_rows``, ``num_tokens`` and ``table_width`` pad to a CUDA graph's fixed shapes:
-    padding rows hold no tokens (their attention programs exit at once) and padding tokens
-    belong to no row, sit at position 0 and are written nowhere (slot -1). ``block_tables``
-    has the real rows only: a row without tokens never reads its table.
+    ``num_rows`` and ``num_tokens`` pad to a CUDA graph's fixed shapes: padding rows hold
+    no tokens (their attention programs exit at once) and padding tokens belong to no row,
+    sit at position 0 and are written nowhere (slot -1). ``block_tables`` has the real rows
+    only (a row without tokens never reads its table), as wide as the longest table: a
+    graph's wider buffer takes them in its first columns, since no kernel reads past a
+    row's last block, and packing the whole width cost a long context every step.
     """
     count = len(seqs)
     rows = num_rows or count
@@ -99,7 +100,7 @@ def host_batch(
     np.cumsum(query_lens, out=starts[1:])
     real = int(starts[-1])
     total = num_tokens or real
-    width = table_width or max(1, max((len(s.block_table) for s in seqs), default=1))
+    width = max(1, max((len(s.block_table) for s in seqs), default=1))
     tables = np.zeros((count, width), dtype=np.int64)
     for row, s in enumerate(seqs):
         tables[row, : len(s.block_table)] = s.block_table

@@ -121,10 +121,11 @@ class CUDAGraphRunner:
         ``input_ids`` (on the device) overrides the sequences' tokens (see ``ModelRunner``).
         """
         tokens, rows, count = bucket.tokens, bucket.rows, len(sequences)
-        host = host_batch(sequences, self.block_size, rows, self.table_width, tokens)
+        host = host_batch(sequences, self.block_size, rows, tokens)
+        width = host.block_tables.shape[1]
         for name, staged in host.to_device(self._staging.device, self._staging).items():
             if name == "block_tables":
-                self.block_tables[:count].copy_(staged.view(count, -1))
+                self.block_tables[:count, :width].copy_(staged.view(count, width))
             else:
                 getattr(self, name)[: staged.numel()].copy_(staged)
         if input_ids is not None:

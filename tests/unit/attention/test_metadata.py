@@ -48,13 +48,13 @@ def test_mixed_batch_of_chunks_and_decodes() -> None:
 
 
 def test_padding_rows_hold_no_tokens_and_padding_tokens_write_nowhere() -> None:
-    host = host_batch([ScheduledSequence([2], 3, [5])], 16, num_rows=4, table_width=8, num_tokens=6)
+    host = host_batch([ScheduledSequence([2], 3, [5])], 16, num_rows=4, num_tokens=6)
     assert host.query_start_loc.tolist() == [0, 1, 1, 1, 1]  # rows 1-3 are empty
     assert host.seq_lens.tolist() == [4, 0, 0, 0]
     assert host.slot_mapping.tolist() == [2 * 16 + 3, -1, -1, -1, -1, -1]
     assert host.positions.tolist() == [3, 0, 0, 0, 0, 0]
     assert host.input_ids.tolist() == [5, 0, 0, 0, 0, 0]
-    assert host.block_tables.shape == (1, 8)  # an empty row never reads a table
+    assert host.block_tables.shape == (1, 1)  # an empty row never reads a table
 
 
 def test_rows_are_listed_decode_first_then_prefill_then_empty() -> None:
@@ -73,9 +73,15 @@ def test_rows_are_listed_decode_first_then_prefill_then_empty() -> None:
     assert meta.token_rows.dtype == torch.int32 and meta.token_rows.tolist()[-2:] == [2, 3]
 
 
+def test_block_tables_are_as_wide_as_the_longest_table_not_the_context() -> None:
+    seqs = [ScheduledSequence([1, 2, 3], 40, [7]), ScheduledSequence([4], 5, [8])]
+    host = host_batch(seqs, 16, num_rows=8, num_tokens=8)
+    assert host.block_tables.tolist() == [[1, 2, 3], [4, 0, 0]]
+
+
 def test_a_full_graph_sized_batch_packs_exactly_its_packed_size() -> None:
     rows, width, tokens = 3, 4, 8
     seqs = [ScheduledSequence([1, 2, 3, 4], 50, [7]) for _ in range(rows)]
-    host = host_batch(seqs, 16, num_rows=rows, table_width=width, num_tokens=tokens)
+    host = host_batch(seqs, 16, num_rows=rows, num_tokens=tokens)
     copied = host.to_device(torch.device("cpu"))
     assert sum(v.numel() for v in copied.values()) == HostBatch.packed_size(tokens, rows, width)
