@@ -36,13 +36,22 @@ def test_scaled_mm_model_matches_the_cpu_reference(
     prompt = list(range(10, 310))
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     gpu_model, _ = load_model(source, cuda, torch.bfloat16, 1024, "dummy", quantization="fp8")
-    cpu_model, _ = load_model(source, cpu, torch.float32, 1024, "dummy", quantization="fp8")
-    # Dummy weights come from each device's own generator: give the CPU model the GPU's.
-    cpu_model.load_state_dict({name: t.cpu() for name, t in gpu_model.state_dict().items()})
-    on_gpu = _prefill_logits(gpu_model, prompt, cuda)
-    on_cpu = _prefill_logits(cpu_model, prompt, cpu)
-    error = (on_gpu - on_cpu).norm() / on_cpu.norm()
-    assert error < 0.02  # bf16 activations and outputs against float32, same FP8 weights
+    # Dummy weights come from each device's own generator: the CPU models take the GPU's.
+    weights = {name: t.cpu() for name, t in gpu_model.state_dict().items()}
+    logits = {"gpu": _prefill_logits(gpu_model, prompt, cuda)}
+    for dtype in (torch.float32, torch.bfloat16):
+        cpu_model, _ = load_model(source, cpu, dtype, 1024, "dummy", quantization="fp8")
+        cpu_model.load_state_dict(weights)
+        logits[str(dtype)] = _prefill_logits(cpu_model, prompt, cpu)
+    reference = logits[str(torch.float32)]
+
+    def error(name: str) -> float:
+        return float((logits[name] - reference).norm() / reference.norm())
+
+    # Each layer quantises its bf16 activations, and a value that rounds to the next FP8 step
+    # changes what follows: through a few random layers, the CPU's own bf16 run of the same
+    # math ends 7-10 % from float32. The GPU's must end no further (a wrong scale: ~100 %).
+    assert error("gpu") < 1.5 * error(str(torch.bfloat16)) + 0.01
 
 
 @pytest.mark.parametrize("family", CONFIGS)
