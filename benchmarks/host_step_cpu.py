@@ -40,6 +40,7 @@ from infer.bench.checkpoint import write_checkpoint
 from infer.engine import runner as runner_module
 from infer.engine.bitmask import Bitmask
 from infer.engine.engine import Engine
+from infer.engine.prompt_logprobs import PromptScores
 from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.sampler import SamplerOutput
 from infer.engine.sampling_params import StructuredOutputsParams
@@ -69,12 +70,13 @@ def null_model(llm: LLM, max_rows: int) -> None:
     lowest bit), as random weights pick."""
     runner = llm.engine.runner
     block_size = llm.engine.pool.block_size
-    width = llm.engine.max_seq_len // block_size
 
-    def run_model(step: StepInputs, input_ids: torch.Tensor | None) -> torch.Tensor:
+    def run_model(
+        step: StepInputs, input_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, PromptScores | None]:
         if step.num_tokens <= max_rows:
-            host_batch(step.sequences, block_size, max_rows, width, max_rows)
-        return torch.empty(0)
+            host_batch(step.sequences, block_size, max_rows, max_rows)
+        return torch.empty(0), None
 
     def sample(forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
         tokens = torch.randint(1000, 40000, (len(forwarded.requests),))
