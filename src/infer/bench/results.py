@@ -89,7 +89,7 @@ def output_paths(
 
     Default: ``benchmarks/results/<model>-<workload>-<date>-<engine>.json`` and
     ``...-<date>.png``. ``--output F``: ``F`` itself when the run makes one result, else
-    ``F``'s stem extended with the workload and engine.
+    ``F`` less a trailing ``.json``, extended with the workload and engine.
     """
     json_paths: dict[tuple[str, str], Path] = {}
     plot_paths: dict[str, Path] = {}
@@ -98,7 +98,9 @@ def output_paths(
         if output is None:
             stem = results_dir() / "-".join(_slug(p) for p in (model, workload, date))
         else:
-            stem = Path(output).with_suffix("")
+            # Only ``.json`` goes: a model's dots (``llama-3.2-3b``) are part of the name.
+            stem = Path(output)
+            stem = stem.with_name(stem.name.removesuffix(".json"))
             if len(workloads) > 1:
                 stem = stem.with_name(f"{stem.name}-{_slug(workload)}")
         plot_paths[workload] = stem.with_name(stem.name + ".png")

@@ -124,7 +124,8 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
         "--output",
         default=None,
         help="result JSON path (default: benchmarks/results/<model>-<workload>-"
-        "<date>-<engine>.json); with several results, the stem of their names",
+        "<date>-<engine>.json); with several results, the start of their names (less a "
+        "trailing .json)",
     )
     parser.add_argument(
         "--plot", action="store_true", help="also draw latency CDFs and throughput over time (PNG)"

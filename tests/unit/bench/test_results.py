@@ -31,6 +31,14 @@ def test_output_paths() -> None:
     assert path.name == "tiny-a-2026-01-02T03_04_05Z-infer.json"
 
 
+def test_a_dotted_output_stem_keeps_its_dots() -> None:
+    paths, plots = output_paths("out/llama-3.2-3b", "m", ["a", "b"], ["infer"], "d")
+    assert paths["a", "infer"] == Path("out/llama-3.2-3b-a-infer.json")
+    assert plots["b"] == Path("out/llama-3.2-3b-b.png")
+    paths, _ = output_paths("out/llama-3.2-3b.json", "m", ["a"], ["infer", "vllm"], "d")
+    assert paths["a", "vllm"] == Path("out/llama-3.2-3b-vllm.json")
+
+
 def test_environment_records_where_and_what(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_GIT_COMMIT", "abc123")
     env = environment()
