@@ -3,9 +3,10 @@
 - ``infer bench offline --model M --workload W [--engine E] [engine flags]``: runs
   workloads in-process through the ``infer`` engine and/or its peers on the same model and
   device (``hf``: Hugging Face transformers; ``vllm``: vLLM, imported only when asked for),
-  writes one JSON result per (workload, engine) and prints a table. ``--engine infer,vllm``
-  (``both`` = ``infer,hf``) runs each engine in its own fresh process, one after the other,
-  and shows the ratios.
+  writes one JSON result per (run, engine) and prints a table; a run is a workload with one
+  of the ``--sampling`` settings (``infer.bench.sampling.run_names``). ``--engine
+  infer,vllm`` (``both`` = ``infer,hf``) runs each engine in its own fresh process, one
+  after the other, and shows the ratios.
 - ``infer bench serve --url http://127.0.0.1:8000 --workload W``: streams the workload to a
   running server over HTTP and times it from the client.
 - ``infer bench table FILE...``: the markdown table of saved results.
