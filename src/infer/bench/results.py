@@ -83,27 +83,30 @@ def results_dir() -> Path:
 
 
 def output_paths(
-    output: str | None, model: str, workloads: list[str], engines: list[str], date: str
+    output: str | None, model: str, runs: list[str], engines: list[str], date: str
 ) -> tuple[dict[tuple[str, str], Path], dict[str, Path]]:
-    """JSON path of each (workload, engine) and plot path of each workload.
+    """JSON path of each (run, engine) and plot path of each run (a run: a workload, or its
+    ``infer.bench.sampling.run_names`` name).
 
-    Default: ``benchmarks/results/<model>-<workload>-<date>-<engine>.json`` and
+    Default: ``benchmarks/results/<model>-<run>-<date>-<engine>.json`` and
     ``...-<date>.png``. ``--output F``: ``F`` itself when the run makes one result, else
-    ``F``'s stem extended with the workload and engine.
+    ``F`` less a trailing ``.json``, extended with the run and engine.
     """
     json_paths: dict[tuple[str, str], Path] = {}
     plot_paths: dict[str, Path] = {}
-    one_result = len(workloads) == 1 and len(engines) == 1
-    for workload in workloads:
+    one_result = len(runs) == 1 and len(engines) == 1
+    for run in runs:
         if output is None:
-            stem = results_dir() / "-".join(_slug(p) for p in (model, workload, date))
+            stem = results_dir() / "-".join(_slug(p) for p in (model, run, date))
         else:
-            stem = Path(output).with_suffix("")
-            if len(workloads) > 1:
-                stem = stem.with_name(f"{stem.name}-{_slug(workload)}")
-        plot_paths[workload] = stem.with_name(stem.name + ".png")
+            # Only ``.json`` goes: a model's dots (``llama-3.2-3b``) are part of the name.
+            stem = Path(output)
+            stem = stem.with_name(stem.name.removesuffix(".json"))
+            if len(runs) > 1:
+                stem = stem.with_name(f"{stem.name}-{_slug(run)}")
+        plot_paths[run] = stem.with_name(stem.name + ".png")
         for engine in engines:
-            json_paths[workload, engine] = (
+            json_paths[run, engine] = (
                 Path(output)
                 if output is not None and one_result
                 else stem.with_name(f"{stem.name}-{engine}.json")

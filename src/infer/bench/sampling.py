@@ -4,6 +4,8 @@ same for ``infer`` and the vLLM peer, and recorded beside every figure."""
 from __future__ import annotations
 
 import argparse
+import itertools
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from infer.engine.sampling_params import SamplingParams
@@ -82,6 +84,20 @@ def samplings_from_args(args: argparse.Namespace) -> list[BenchSampling]:
 def run_name(workload: str, sampling: BenchSampling) -> str:
     """A result's name: the workload's, with the sampling's label unless greedy."""
     return workload if sampling.greedy else f"{workload}-{sampling.label}"
+
+
+def run_names(workloads: list[str], samplings: list[BenchSampling]) -> list[str]:
+    """Each run's name, in the order of ``itertools.product(workloads, samplings)``: its
+    ``run_name``, then ``-2``, ``-3``, ... on later runs of the same workload and sampling.
+    A label given twice is two different runs (the first fills the prefix cache the second
+    finds), so each needs a result file of its own."""
+    seen: Counter[str] = Counter()
+    names = []
+    for workload, sampling in itertools.product(workloads, samplings):
+        name = run_name(workload, sampling)
+        seen[name] += 1
+        names.append(name if seen[name] == 1 else f"{name}-{seen[name]}")
+    return names
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infer.bench.sampling import BenchSampling, run_name
+
 ENGINE_NAMES = {
     "infer": "infer",
     "hf": "transformers",
@@ -18,13 +20,27 @@ def _ms(stats: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def _sampling(record: dict[str, Any]) -> BenchSampling:
+    """A record's sampling settings (records from before they were recorded: greedy)."""
+    return BenchSampling(**record.get("sampling", {}))
+
+
+def _run(record: dict[str, Any]) -> str:
+    """The run a record belongs to (records from before runs were named: the ``run_name`` of
+    its workload and sampling)."""
+    return record.get("run") or run_name(record["workload"], _sampling(record))
+
+
 def _row(record: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
+    head = [
+        record["model"],
+        record["workload"],
+        _sampling(record).label,
+        ENGINE_NAMES.get(record["engine"], record["engine"]),
+    ]
     if record.get("num_requests", 0) == record.get("num_failed", 0):
         error = "; ".join(record.get("errors") or ["no request finished"])
-        return (
-            f"| {record['model']} | {record['workload']} | "
-            f"{ENGINE_NAMES.get(record['engine'], record['engine'])} | failed: {error} |"
-        )
+        return "| " + " | ".join([*head, f"failed: {error}"]) + " |"
     tok_s = record["output_tok_s"]
     roofline = record.get("roofline", {}).get("output_tok_s")
     bound = f"{roofline:,.0f} ({tok_s / roofline:.0%})" if roofline else "-"
@@ -34,9 +50,7 @@ def _row(record: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
     ]
     kv = record.get("peak_kv_utilization")
     cells = [
-        record["model"],
-        record["workload"],
-        ENGINE_NAMES.get(record["engine"], record["engine"]),
+        *head,
         f"{tok_s:,.1f}",
         f"{record['requests_per_s']:,.2f}",
         f"{_ms(record['ttft_ms'], 'p50')} / {_ms(record['ttft_ms'], 'p99')}",
@@ -52,19 +66,20 @@ def _row(record: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
 
 
 HEADER = (
-    "| model | workload | engine | output tok/s | req/s | TTFT p50 / p99 ms "
+    "| model | workload | sampling | engine | output tok/s | req/s | TTFT p50 / p99 ms "
     "| ITL p50 / p99 ms | E2E p50 / p99 ms | peak KV | preempt. | roofline tok/s (achieved) "
     "| vs vLLM | vs transformers | ok |\n"
-    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
-    """One row per record, grouped by (model, workload); infer rows carry the ratio of their
-    output tok/s to the vLLM and transformers records of the same model and workload."""
+    """One row per record, grouped by (model, run); infer rows carry the ratio of their
+    output tok/s to the vLLM and transformers records of the same model and run (the same
+    workload and sampling, and of a label given twice, the same one of its runs)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
-        groups.setdefault((record["model"], record["workload"]), []).append(record)
+        groups.setdefault((record["model"], _run(record)), []).append(record)
     rows = [HEADER]
     for group in groups.values():
         peers = {r["engine"]: r for r in group if r["engine"] in PEERS}
@@ -92,9 +107,9 @@ def format_ceilings(records: list[dict[str, Any]]) -> str:
 def format_roofline(records: list[dict[str, Any]]) -> str:
     """Bytes, FLOPs and time bounds behind each infer record's roofline column."""
     rows = [
-        "| model | workload | mode | weights / step GB | decode steps | decode reads GB "
+        "| model | workload | sampling | mode | weights / step GB | decode steps | decode reads GB "
         "| prefill TFLOP | bound s (prefill + decode) | bound output tok/s | achieved |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         roof = r.get("roofline")
@@ -104,7 +119,7 @@ def format_roofline(records: list[dict[str, Any]]) -> str:
         seconds = f"{roof['prefill_s']} + {roof['decode_s']}" if bound else "-"
         achieved = f"{r['output_tok_s'] / bound:.0%}" if bound else "-"
         rows.append(
-            f"| {r['model']} | {r['workload']} | {roof['mode']} "
+            f"| {r['model']} | {r['workload']} | {_sampling(r).label} | {roof['mode']} "
             f"| {roof['weight_bytes_per_step'] / 1e9:.2f} | {roof['decode_steps']} "
             f"| {roof['decode_bytes'] / 1e9:,.1f} | {roof['prefill_flops'] / 1e12:,.2f} "
             f"| {seconds} | {'-' if not bound else f'{bound:,.0f}'} | {achieved} |"

@@ -3,9 +3,10 @@
 - ``infer bench offline --model M --workload W [--engine E] [engine flags]``: runs
   workloads in-process through the ``infer`` engine and/or its peers on the same model and
   device (``hf``: Hugging Face transformers; ``vllm``: vLLM, imported only when asked for),
-  writes one JSON result per (workload, engine) and prints a table. ``--engine infer,vllm``
-  (``both`` = ``infer,hf``) runs each engine in its own fresh process, one after the other,
-  and shows the ratios.
+  writes one JSON result per (run, engine) and prints a table; a run is a workload with one
+  of the ``--sampling`` settings (``infer.bench.sampling.run_names``). ``--engine
+  infer,vllm`` (``both`` = ``infer,hf``) runs each engine in its own fresh process, one
+  after the other, and shows the ratios.
 - ``infer bench serve --url http://127.0.0.1:8000 --workload W``: streams the workload to a
   running server over HTTP and times it from the client.
 - ``infer bench table FILE...``: the markdown table of saved results.
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.bench.metrics import RunResult
-from infer.bench.sampling import BenchSampling, add_sampling_args, run_name, samplings_from_args
+from infer.bench.sampling import BenchSampling, add_sampling_args, run_names, samplings_from_args
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import EngineConfig
 from infer.workloads import WORKLOADS, Workload, make_workload, parse_workload_names
@@ -124,7 +125,8 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
         "--output",
         default=None,
         help="result JSON path (default: benchmarks/results/<model>-<workload>-"
-        "<date>-<engine>.json); with several results, the stem of their names",
+        "<date>-<engine>.json); with several results, the start of their names (less a "
+        "trailing .json)",
     )
     parser.add_argument(
         "--plot", action="store_true", help="also draw latency CDFs and throughput over time (PNG)"
@@ -173,7 +175,7 @@ def run_offline(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)  # validates the flags before anything runs
     samplings = samplings_from_args(args)
-    names = [run_name(w, s) for w in parse_workload_names(args.workload) for s in samplings]
+    names = run_names(parse_workload_names(args.workload), samplings)
     engines = parse_engines(args.engine)
     if "hf" in engines and not all(s.greedy for s in samplings):
         raise ValueError("engine: the hf peer decodes greedily; drop the sampling or hf")
@@ -226,18 +228,21 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
     run, details, close = _engine_runner(engine, config, max_seq_len, args.progress)
     try:
         ok = True
-        for (workload, warmup), sampling in itertools.product(pairs, samplings):
+        names = run_names([workload.name for workload, _ in pairs], samplings)
+        runs = itertools.product(pairs, samplings)
+        for name, ((workload, warmup), sampling) in zip(names, runs, strict=True):
             head: dict[str, Any] = {
                 "engine": engine,
                 "model": config.model,
                 "workload": workload.name,
+                "run": name,  # what the table pairs the engines' records by
                 "description": workload.description,
                 "sampling": sampling.as_dict(),
             }
             try:
                 summary = summarize(run(workload, warmup, sampling))
             except Exception as exc:  # keep going: one failed run is itself a result
-                logger.exception("%s %s failed", engine, workload.name)
+                logger.exception("%s %s failed", engine, name)
                 summary = {
                     "num_requests": len(workload.requests),
                     "num_failed": len(workload.requests),
@@ -258,15 +263,19 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 record["roofline"] = workload_roofline(
                     model_config, workload, ceilings, config.torch_dtype.itemsize
                 )
-            path = write_json(record, paths[run_name(workload.name, sampling), engine])
-            _print_done(engine, workload.name, summary, path)
+            path = write_json(record, paths[name, engine])
+            _print_done(engine, name, summary, path)
             if summary["num_failed"] == 0 and _is_headline(args, device.type):
                 ranks = (
                     f"-tp{config.tensor_parallel_size}" if config.tensor_parallel_size > 1 else ""
                 )
+                # Keyed by the label, not the run's name: of a label given twice, the later
+                # run is kept (like every run after a workload's first, it finds the prefix
+                # cache warm, so it compares with the other labels' runs).
                 label = "" if sampling.greedy else f"/{sampling.label}"
-                name = f"offline/{_model_name(config.model)}/{workload.name}{label}/{engine}{ranks}"
-                _record_score(name, summary, sampling)
+                model = _model_name(config.model)
+                prefix = f"offline/{model}/{workload.name}{label}/{engine}{ranks}"
+                _record_score(prefix, summary, sampling)
     finally:
         close()
     return ok
@@ -417,7 +426,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path) -> None:
+def _print_done(engine: str, run: str, summary: dict[str, Any], path: Path) -> None:
     """One run's numbers as they come (the table at the end has the main ones)."""
     parts = [f"{summary['output_tok_s']:,.1f} output tok/s"]
     if "requests_per_s" in summary:
@@ -437,7 +446,7 @@ def _print_done(engine: str, workload: str, summary: dict[str, Any], path: Path)
         )
     if summary["num_failed"]:
         parts.append(f"{summary['num_failed']} failed: {summary['errors']}")
-    print(f"{engine} {workload}: {', '.join(parts)} → {path}", flush=True)
+    print(f"{engine} {run}: {', '.join(parts)} → {path}", flush=True)
 
 
 # --- table ---------------------------------------------------------------------------------

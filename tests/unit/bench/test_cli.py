@@ -74,6 +74,21 @@ def test_offline_single_engine_writes_exactly_the_output_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json"]
 
 
+def test_each_run_of_a_repeated_label_has_its_own_file_and_row(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stem = tmp_path / "llama-3.2-3b"  # the dots stay in the file names
+    flags = "--workload single --max-tokens 2 --warmup 0 --sampling greedy,greedy,t1"
+    argv = [*_offline(tiny_checkpoint("llama"), 512), *flags.split(), "--output", str(stem)]
+    assert main(argv) == 0
+    for run in ("single", "single-2", "single-t1"):
+        record = _check_record(tmp_path / f"llama-3.2-3b-{run}-infer.json", "infer", "single", 1)
+        assert record["run"] == run
+    assert len(list(tmp_path.iterdir())) == 3
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| infer |" in line]
+    assert [row.split(" | ")[2] for row in rows] == ["greedy", "greedy", "t1"]
+
+
 def test_serve_against_a_fake_server(fake_server: FakeServer, tmp_path: Path) -> None:
     output = tmp_path / "serve.json"
     flags = "--workload paged_attention --num-requests 3 --max-tokens 4 --vocab-size 320 --warmup 1"

@@ -12,6 +12,7 @@ from infer.bench.sampling import (
     BenchSampling,
     add_sampling_args,
     run_name,
+    run_names,
     samplings_from_args,
 )
 from infer.bench.vllm_peer import _vllm_sampling
@@ -43,6 +44,15 @@ def test_several_settings_or_the_single_flags() -> None:
         samplings_from_args(parser.parse_args(["--sampling", "t1", "--temperature", "1"]))
     assert run_name("burst256", several[1]) == "burst256-t1-k50"
     assert run_name("burst256", GREEDY) == "burst256"
+
+
+def test_a_repeated_label_names_each_of_its_runs() -> None:
+    t1 = BenchSampling(1.0)
+    names = run_names(["burst256", "single"], [GREEDY, t1, GREEDY, t1, t1])
+    assert names == [
+        "burst256", "burst256-t1", "burst256-2", "burst256-t1-2", "burst256-t1-3",
+        "single", "single-t1", "single-2", "single-t1-2", "single-t1-3",
+    ]  # fmt: skip
 
 
 def test_the_vllm_peer_gets_the_same_settings() -> None:
