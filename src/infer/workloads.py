@@ -18,11 +18,13 @@ SHARED_PREFIX_TOKENS = 1024
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: what to send and when (seconds after the run starts)."""
+    """One request: what to send and when (seconds after the run starts). ``group`` names
+    its part of a mixed workload, whose figures are also summarised apart."""
 
     prompt_token_ids: list[int]
     max_tokens: int
     arrival_s: float = 0.0
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,11 @@ class Workload:
     def max_sequence_len(self) -> int:
         """Longest prompt + output of any request (what ``max_seq_len`` must allow)."""
         return max(len(r.prompt_token_ids) + r.max_tokens for r in self.requests)
+
+    @property
+    def groups(self) -> list[str]:
+        """Each request's group (``RequestSpec.group``), in the requests' order."""
+        return [r.group for r in self.requests]
 
     @property
     def total_output_tokens(self) -> int:
@@ -147,9 +154,9 @@ def _long_decode(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestS
 def _long_mix(n: int, rng: random.Random, prompts: _Prompts) -> list[RequestSpec]:
     """``n`` short requests decoding from the start, and one 16k-token prompt a second
     (a quarter as many) arriving among them from the second second on."""
-    short = [RequestSpec(prompts(128), 1024) for _ in range(n)]
+    short = [RequestSpec(prompts(128), 1024, group="short") for _ in range(n)]
     arrivals = _uniform_arrivals(max(1, n // 4), rate_per_s=1.0)
-    return short + [RequestSpec(prompts(16384), 64, 2.0 + t) for t in arrivals]
+    return short + [RequestSpec(prompts(16384), 64, 2.0 + t, "long") for t in arrivals]
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,4 @@ def test_long_prompts_and_the_long_mix() -> None:
     assert all(r.arrival_s == 0.0 and len(r.prompt_token_ids) == 128 for r in short)
     assert [r.arrival_s for r in long] == pytest.approx([2.0 + i for i in range(8)])
     assert {len(r.prompt_token_ids) for r in long} == {16384}
+    assert make_workload("long_mix", VOCAB).groups == ["short"] * 32 + ["long"] * 8

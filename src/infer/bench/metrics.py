@@ -121,8 +121,11 @@ def throughput_timeline(result: RunResult, bins: int = 60) -> dict[str, Any]:
     return {"bin_s": bin_s, "output_tok_s": [_round(c / bin_s) for c in counts]}
 
 
-def summarize(result: RunResult) -> dict[str, Any]:
-    """The summary dict (keys named in the benchmark issue) of a run."""
+def summarize(result: RunResult, groups: Sequence[str] = ()) -> dict[str, Any]:
+    """The summary dict (keys named in the benchmark issue) of a run. ``groups``: each
+    request's group in a mixed workload (``Workload.groups``, in the requests' order); each
+    named one also gets its own latencies under ``groups`` (e.g. the P99 ITL of the short
+    requests beside long prompts)."""
     done = [r for r in result.requests if r.ok]
     duration = result.duration_s
     output_tokens = sum(r.output_tokens for r in done)
@@ -144,6 +147,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "itl_ms": percentiles(itl, 1e3),
         "e2e_ms": percentiles(e2e, 1e3),
         **result.extra,
+        **_group_latencies(result, groups),
         "cdf": {
             "ttft_ms": cdf_quantiles(ttft, 1e3),
             "itl_ms": cdf_quantiles(itl, 1e3),
@@ -161,6 +165,26 @@ def summarize(result: RunResult) -> dict[str, Any]:
             }
             for r in result.requests
         ],
+    }
+
+
+def _group_latencies(result: RunResult, groups: Sequence[str]) -> dict[str, Any]:
+    if not any(groups):
+        return {}
+    members: dict[str, list[RequestMetrics]] = {}
+    for request, group in zip(result.requests, groups, strict=True):
+        if group and request.ok:
+            members.setdefault(group, []).append(request)
+    return {
+        "groups": {
+            group: {
+                "num_requests": len(requests),
+                "ttft_ms": percentiles([r.ttft_s for r in requests], 1e3),
+                "itl_ms": percentiles([gap for r in requests for gap in r.itl_s], 1e3),
+                "e2e_ms": percentiles([r.e2e_s for r in requests], 1e3),
+            }
+            for group, requests in members.items()
+        }
     }
 
 

@@ -240,7 +240,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
                 "sampling": sampling.as_dict(),
             }
             try:
-                summary = summarize(run(workload, warmup, sampling))
+                summary = summarize(run(workload, warmup, sampling), workload.groups)
             except Exception as exc:  # keep going: one failed run is itself a result
                 logger.exception("%s %s failed", engine, name)
                 summary = {
@@ -406,7 +406,7 @@ def run_serve(args: argparse.Namespace) -> int:
         paths, plots = output_paths(args.output, model, names, ["server"], date)
         json_paths.update(paths)
         plot_paths.update(plots)
-        summary = summarize(result)
+        summary = summarize(result, workload.groups)
         failed = failed or summary["num_failed"] > 0
         record = {
             "engine": "server",
@@ -436,6 +436,10 @@ def _print_done(engine: str, run: str, summary: dict[str, Any], path: Path) -> N
         if stats.get("p50") is not None:
             values = "/".join(f"{stats[p]:,.1f}" for p in ("p50", "p90", "p99"))
             parts.append(f"{label} p50/p90/p99 {values} ms")
+    for group, stats in summary.get("groups", {}).items():
+        itl, ttft = stats["itl_ms"], stats["ttft_ms"]
+        if itl.get("p99") is not None:
+            parts.append(f"{group}: ITL p99 {itl['p99']:,.1f} ms, TTFT p50 {ttft['p50']:,.1f} ms")
     if "peak_kv_utilization" in summary:
         parts.append(f"peak KV {summary['peak_kv_utilization']:.0%}")
     if "preemptions" in summary:

@@ -67,6 +67,16 @@ def test_summary_of_a_known_run() -> None:
     assert summary["requests"][1]["ttft_ms"] == pytest.approx(200.0)
 
 
+def test_named_groups_get_their_own_latencies() -> None:
+    summary = summarize(_run(), groups=["short", "long", "short"])
+    short, long = summary["groups"]["short"], summary["groups"]["long"]
+    assert short["num_requests"] == 1  # the third request failed
+    assert long["num_requests"] == 1
+    assert short["ttft_ms"]["p50"] == pytest.approx(100.0)
+    assert long["itl_ms"]["p99"] == pytest.approx(498.0)  # between 300 and 500 ms
+    assert "groups" not in summarize(_run())  # a workload without groups
+
+
 def test_cdf_quantiles_span_min_to_max() -> None:
     quantiles = cdf_quantiles([3.0, 1.0, 2.0], scale=10.0)
     assert len(quantiles) == CDF_POINTS
