@@ -322,7 +322,7 @@ def test_launch_pacing_needs_async_scheduling_and_never_sleeps_on_the_cpu(llama:
     engine.add_request(list(range(3, 20)), GREEDY, request_id="a")
     slept = []
     while engine.has_unfinished_requests():
-        if engine._inflight is not None:
+        if engine._uncollected is not None:
             slept.append(engine.pacer.wait((1, 1)))
         engine.step()
     # The CPU's steps are done when they are queued: the host never waits, so none is timed.

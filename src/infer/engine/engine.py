@@ -2,7 +2,7 @@
 retires, schedules, runs one forward pass, samples, and turns tokens into text.
 
 It is single-threaded and synchronous; the offline ``LLM`` drives it in a loop and the
-server runs it in its own thread (``server/async_engine.py``).
+server runs it in a process of its own (``server/engine_process.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Inflight:
+class UncollectedStep:
     """A launched step whose samples the host has not collected yet."""
 
     scheduled: SchedulerOutput
@@ -94,7 +94,7 @@ class Engine:
         self.pacer = (
             LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         )
-        self._inflight: Inflight | None = None
+        self._uncollected: UncollectedStep | None = None
         self._deferred: Deferred | None = None
         # The last step found nothing it could run (only requests whose grammars compile):
         # loops then block on ``wakeup`` (set when one has compiled) and their inputs.
@@ -176,7 +176,9 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work() or self._inflight is not None or self._deferred is not None
+        return (
+            self.scheduler.has_work() or self._uncollected is not None or self._deferred is not None
+        )
 
     @property
     def num_running(self) -> int:
@@ -191,8 +193,8 @@ class Engine:
         """For loops that take in new requests between steps: sleep until the step in flight
         is about to end (``LaunchPacer``), then take them in and call ``step``, so that they
         join the step queued next. Returns at once when there is nothing to pace."""
-        if self.pacer is not None and self._inflight is not None and self._deferred is None:
-            self.pacer.wait(_shape(self._inflight.scheduled))
+        if self.pacer is not None and self._uncollected is not None and self._deferred is None:
+            self.pacer.wait(_shape(self._uncollected.scheduled))
 
     def step(self) -> list[RequestOutput]:
         """One engine step (``_step``), recorded for the dashboard while one watches."""
@@ -222,7 +224,7 @@ class Engine:
         """
         outputs: list[RequestOutput] = []
         self.stalled = False
-        current, self._inflight = self._inflight, None
+        current, self._uncollected = self._uncollected, None
         deferred, self._deferred = self._deferred, None
         involved = [] if current is None else current.scheduled.requests()
         if deferred is not None:
@@ -250,7 +252,7 @@ class Engine:
             raise
         except Exception as exc:  # only the request that causes it fails; the rest retry
             logger.exception("engine step failed")
-            self._inflight = self._deferred = None
+            self._uncollected = self._deferred = None
             failed = self.scheduler.recover(involved, f"{type(exc).__name__}: {exc}")
             outputs += [self._output(r) for r in failed]
         self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
@@ -258,7 +260,7 @@ class Engine:
         return outputs
 
     def _launch_ahead(
-        self, current: Inflight, involved: list[Request], outputs: list[RequestOutput]
+        self, current: UncollectedStep, involved: list[Request], outputs: list[RequestOutput]
     ) -> Deferred | None:
         """With async scheduling, launch the step that follows ``current`` (it becomes the
         step in flight), or only its forward pass when its sampling reads the output so far
@@ -271,10 +273,10 @@ class Engine:
             return None
         if _reads_outputs(scheduled):
             return self._defer(scheduled, current.launched)
-        self._inflight = self._launch(scheduled, current.launched)
+        self._uncollected = self._launch(scheduled, current.launched)
         return None
 
-    def _collect(self, current: Inflight) -> StepResult:
+    def _collect(self, current: UncollectedStep) -> StepResult:
         """Wait for the step's samples; a pacer also learns when the next step was queued
         and whether this one was still running then."""
         if self.pacer is None:
@@ -282,7 +284,7 @@ class Engine:
         self.pacer.launched()
         waited = not self.runner.is_done(current.launched)
         result = self.runner.collect(current.launched)
-        queued_behind = self._inflight is not None
+        queued_behind = self._uncollected is not None
         self.pacer.collected(_shape(current.scheduled), waited, queued_behind)
         return result
 
@@ -302,7 +304,7 @@ class Engine:
         sampled = None
         if deferred.forwarded is not None:
             sampled = self.runner.sample(deferred.forwarded, bitmask)
-        self._inflight = Inflight(deferred.scheduled, sampled)
+        self._uncollected = UncollectedStep(deferred.scheduled, sampled)
         if after is not None:
             self._deferred = self._defer(after, sampled)
 
@@ -326,7 +328,7 @@ class Engine:
         return deferred
 
     def _start_bitmask(
-        self, deferred: Deferred, current: Inflight, result: StepResult
+        self, deferred: Deferred, current: UncollectedStep, result: StepResult
     ) -> Bitmask | None:
         """Start filling the deferred step's grammar masks, from the tokens just collected
         (the matchers consume them before ``update`` records them)."""
@@ -354,12 +356,14 @@ class Engine:
                 ended.append(self._output(request))
         return ended
 
-    def _launch(self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None) -> Inflight:
+    def _launch(
+        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
+    ) -> UncollectedStep:
         """Queue a step on the device; its samples stay there until collected."""
         self._count_prompt_tokens(scheduled)
-        inflight = Inflight(scheduled, self.runner.launch(scheduled, previous))
+        uncollected = UncollectedStep(scheduled, self.runner.launch(scheduled, previous))
         self._watch_launch(scheduled)
-        return inflight
+        return uncollected
 
     def _watch_launch(self, scheduled: SchedulerOutput) -> None:
         if self.watch.recording:

@@ -82,7 +82,7 @@ class Request:
         return len(self.token_ids)
 
     @property
-    def num_scheduled_tokens(self) -> int:
+    def num_tokens_with_pending(self) -> int:
         """Known tokens plus the sampled ones still on the device: what the next step extends."""
         return len(self.token_ids) + self.num_placeholders
 

@@ -209,12 +209,12 @@ class Scheduler:
 
     def _ends_in_flight(self, request: Request) -> bool:
         """Whether the token in flight is the request's last by length."""
-        return request.reaches_length(request.num_scheduled_tokens, self.max_seq_len)
+        return request.reaches_length(request.num_tokens_with_pending, self.max_seq_len)
 
     def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
         assert request.seq_id is not None
         start = self.pool.get_seq_len(request.seq_id)
-        samples = start + num_tokens == request.num_scheduled_tokens
+        samples = start + num_tokens == request.num_tokens_with_pending
         out.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
         if request.prompt_logprobs is not None:
             out.scores_prompts = True
@@ -243,7 +243,7 @@ class Scheduler:
                 self._release(request)
 
     def _remaining(self, request: Request) -> int:
-        return request.num_scheduled_tokens - self.num_computed(request)
+        return request.num_tokens_with_pending - self.num_computed(request)
 
     def _tokens_to_run(self, request: Request, budget: int, prefills: int, decodes: int = 0) -> int:
         remaining = self._remaining(request)

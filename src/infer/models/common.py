@@ -107,6 +107,7 @@ class Attention(nn.Module):
         self,
         config: ModelConfig,
         layer_idx: int,
+        *,
         qk_norm: bool,
         norm_offset: float,
         group: ParallelGroup = SINGLE,
@@ -122,11 +123,11 @@ class Attention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(
             config.hidden_size,
             {"q_proj": q_split, "k_proj": kv_split, "v_proj": kv_split},
-            config.attention_bias,
-            group,
+            bias=config.attention_bias,
+            group=group,
         )
         self.o_proj = RowParallelLinear(
-            q_split.size, config.hidden_size, config.attention_bias, group
+            q_split.size, config.hidden_size, bias=config.attention_bias, group=group
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, norm_offset) if qk_norm else None
@@ -176,9 +177,9 @@ class GatedMLP(nn.Module):
         super().__init__()
         split = Split(intermediate, group.world_size)
         self.gate_up_proj = ColumnParallelLinear(
-            hidden, {"gate_proj": split, "up_proj": split}, False, group
+            hidden, {"gate_proj": split, "up_proj": split}, bias=False, group=group
         )
-        self.down_proj = RowParallelLinear(intermediate, hidden, False, group)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=False, group=group)
         self.act = act
 
     def forward(self, x: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ class Gemma3DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, group: ParallelGroup) -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = Attention(config, layer_idx, True, 1.0, group)
+        self.self_attn = Attention(config, layer_idx, qk_norm=True, norm_offset=1.0, group=group)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)

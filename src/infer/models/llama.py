@@ -16,7 +16,7 @@ class LlamaDecoderLayer(nn.Module):
         self, config: ModelConfig, layer_idx: int, group: ParallelGroup, qk_norm: bool = False
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_idx, qk_norm, 0.0, group)
+        self.self_attn = Attention(config, layer_idx, qk_norm=qk_norm, norm_offset=0.0, group=group)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, silu_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -162,7 +162,7 @@ class ColumnParallelLinear(ParallelLinear):
     ``gate_up_proj``), each split over the ranks by its ``Split``."""
 
     def __init__(
-        self, in_features: int, shards: dict[str, Split], bias: bool, group: ParallelGroup
+        self, in_features: int, shards: dict[str, Split], *, bias: bool, group: ParallelGroup
     ) -> None:
         rank, world = group.rank, group.world_size
         local = {name: split.rows(rank, world) for name, split in shards.items()}
@@ -209,7 +209,7 @@ class RowParallelLinear(ParallelLinear):
     bias (held whole by every rank) is added once."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, group: ParallelGroup
+        self, in_features: int, out_features: int, *, bias: bool, group: ParallelGroup
     ) -> None:
         super().__init__(in_features // group.world_size, out_features, bias)
         self.group = group

@@ -45,7 +45,9 @@ def test_column_parallel_ranks_together_hold_the_checkpoint(tmp_path: Path) -> N
     loaded = []
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
         for group in ranks(2):
-            layer = ColumnParallelLinear(6, {"q": Split(8, 2), "k": Split(4, 1)}, False, group)
+            layer = ColumnParallelLinear(
+                6, {"q": Split(8, 2), "k": Split(4, 1)}, bias=False, group=group
+            )
             layer.load("weight", f.get_slice("q"), "q", "q")
             layer.load("weight", f.get_slice("k"), "k", "k")
             loaded.append(layer.weight.data)
@@ -57,18 +59,18 @@ def test_row_parallel_takes_columns_and_checks_the_whole_shape() -> None:
     weight = torch.randn(3, 8)
     halves = []
     for group in ranks(2):
-        layer = RowParallelLinear(8, 3, False, group)
+        layer = RowParallelLinear(8, 3, bias=False, group=group)
         layer.load("weight", weight, "o_proj.weight", None)
         halves.append(layer.weight.data)
     assert torch.equal(torch.cat(halves, dim=1), weight)
     with pytest.raises(ValueError, match=r"o_proj.weight: checkpoint shape \(3, 6\)"):
-        RowParallelLinear(8, 3, False, ranks(2)[0]).load(
+        RowParallelLinear(8, 3, bias=False, group=ranks(2)[0]).load(
             "weight", torch.randn(3, 6), "o_proj.weight", None
         )
 
 
 def fp8_column(group: ParallelGroup) -> ColumnParallelLinear:
-    layer = ColumnParallelLinear(6, {"q": Split(8, 2), "k": Split(4, 1)}, False, group)
+    layer = ColumnParallelLinear(6, {"q": Split(8, 2), "k": Split(4, 1)}, bias=False, group=group)
     layer.use_fp8()
     return layer
 
@@ -106,7 +108,7 @@ def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
     weight, x = torch.randn(3, 8), torch.randn(2, 8)
     partial = []
     for rank, group in enumerate(ranks(2)):
-        layer = RowParallelLinear(8, 3, False, group)
+        layer = RowParallelLinear(8, 3, bias=False, group=group)
         layer.use_fp8()
         layer.load("weight", weight, "o_proj.weight", None)
         columns = weight[:, rank * 4 : rank * 4 + 4]
@@ -118,7 +120,7 @@ def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
 
 
 def test_fp8_tensors_need_an_fp8_layer() -> None:
-    layer = RowParallelLinear(8, 3, False, ranks(1)[0])
+    layer = RowParallelLinear(8, 3, bias=False, group=ranks(1)[0])
     with pytest.raises(ValueError, match=r"o_proj\.weight: FP8 weights, but"):
         layer.load("weight", torch.randn(3, 8).to(FP8), "o_proj.weight", None)
     with pytest.raises(ValueError, match=r"o_proj\.weight_scale: a weight scale for a layer"):
