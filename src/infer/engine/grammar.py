@@ -100,15 +100,28 @@ def _grammar(kind: str, value: Any) -> str:
 
 
 def language_error(grammar: str, tokenizer: LLTokenizer) -> str | None:
-    """Why no output can satisfy ``grammar`` (llguidance's text), or None when one may: a
-    grammar whose language is empty (``{"$ref": "#"}``, rules that only refer to each
+    """Why no output can satisfy ``grammar``, or None when one may.
+
+    A grammar whose language is empty (``{"$ref": "#"}``, rules that only refer to each
     other, a regex matching nothing) leaves no token but the end of sequence possible, which
-    llguidance reports as an error when it computes the first mask."""
+    llguidance reports as an error when it computes the first mask. One that forces every
+    token and never ends (``a: "x" a``) passes that mask: following its forced output,
+    llguidance gives up past its own limit (tens of thousands of bytes), so no reply ends it.
+    """
     matcher = LLMatcher(tokenizer, grammar, log_level=0)
     if not matcher.is_error():
         matcher.compute_bitmask()
-    if not matcher.is_error():
-        return None
+    if matcher.is_error():
+        return "its language is empty: " + _llguidance_error(matcher)
+    forced = matcher.compute_ff_tokens()
+    if forced and not matcher.is_error():
+        matcher.consume_tokens(forced)
+    if matcher.is_error():
+        return "its forced output never ends: " + _llguidance_error(matcher)
+    return None
+
+
+def _llguidance_error(matcher: LLMatcher) -> str:
     return one_line(matcher.get_error().split("<state>")[0])
 
 

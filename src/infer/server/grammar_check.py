@@ -120,8 +120,7 @@ def _checked(request: SamplingRequest) -> StructuredOutputsParams | None:
                 error = language_error(constraint.compiled_grammar, _tokenizer)
                 if error is not None:
                     raise ValueError(
-                        f"{request.constraint_field}: no output can satisfy it (its language "
-                        f"is empty): {error}"
+                        f"{request.constraint_field}: no output can satisfy it ({error})"
                     )
             outcome.append(constraint)
         except ValueError as exc:  # as a plain ValueError: a subclass may not unpickle

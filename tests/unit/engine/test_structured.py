@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from infer.engine.bitmask import start_bitmask
-from infer.engine.grammar import grammar_for
+from infer.engine.grammar import grammar_for, language_error, ll_tokenizer
 from infer.engine.grammar_cache import (
     LEXERS_PER_THREAD,
     MAX_GRAMMARS_WITH_LEXERS,
@@ -347,3 +347,16 @@ def test_only_the_most_recently_reused_grammars_keep_their_lexers(
     lexers = [_compiled(grammars, r).num_lexers for r in requests[::2]]
     assert lexers == [1] + [LEXERS_PER_THREAD] * (count - 1)
     assert kept.consume_token(tokenizer.hf.encode("a", add_special_tokens=False)[0])
+
+
+def test_empty_and_endless_languages_have_no_satisfying_reply(tokenizer: Tokenizer) -> None:
+    vocabulary = ll_tokenizer(tokenizer, 49152)
+
+    def error(lark: str) -> str | None:
+        return language_error(llguidance.grammar_from("lark", lark), vocabulary)
+
+    assert (error("start: a b\na: b\nb: a\n") or "").startswith("its language is empty")
+    assert (error('start: a\na: "x" a\n') or "").startswith("its forced output never ends")
+    assert error('start: "x"+') is None
+    assert error(f'start: "{"y" * 300}"') is None  # forced all the way, and then it ends
+    assert error('start: "a" /[0-9]+/') is None
