@@ -355,6 +355,16 @@ class ServerProcess:
                 return int(child)
         raise RuntimeError("the server has no engine process")
 
+    def tp_worker_pids(self) -> list[int]:
+        """The engine's tensor-parallel worker processes' pids (Linux), by rank."""
+        engine = self.engine_pid()
+        children = Path(f"/proc/{engine}/task/{engine}/children").read_text().split()
+        return [
+            int(child)
+            for child in children
+            if b"infer.engine.tp_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+        ]
+
     def wait(self, timeout: float) -> int:
         """The exit code, once the process has ended and all of its log has been read."""
         code = self.process.wait(timeout)
