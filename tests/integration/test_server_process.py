@@ -1,5 +1,6 @@
-"""``infer serve`` as a real process: flags, API key, request timeout, a killed
-engine, and a graceful SIGTERM (the last test of the module: it ends the shared server)."""
+"""``infer serve`` as a real process: flags, API key, request timeout, a killed engine or
+tensor-parallel worker, and a graceful SIGTERM (the last test of the module: it ends the
+shared server)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -149,9 +150,21 @@ def _stream(server: ServerProcess, body: dict[str, object], events: list[str]) -
 
 
 @pytest.mark.slow
-def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1() -> None:
+@pytest.mark.parametrize(
+    ("tensor_parallel_size", "victim", "cause"),
+    [
+        (1, ServerProcess.engine_pid, "the engine process exited (exit code -9)"),
+        # SmolLM2's 9 heads split over 3 ranks; the engine (rank 0) waits on rank 1.
+        (3, lambda s: s.tp_worker_pids()[0], "tensor-parallel worker rank 1 exited with code -9"),
+    ],
+    ids=["engine", "tp-worker"],
+)
+def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1(
+    tensor_parallel_size: int, victim: Callable[[ServerProcess], int], cause: str
+) -> None:
     args = ["--model", "smollm2-135m", "--device", "cpu", "--num-gpu-blocks", "256",
-            "--max-seq-len", "4096", "--max-batch-size", "4"]  # fmt: skip
+            "--max-seq-len", "4096", "--max-batch-size", "4",
+            "-tp", str(tensor_parallel_size)]  # fmt: skip
     with spawn_server(args) as server, ThreadPoolExecutor(1) as pool:
         events: list[str] = []
         stream = threading.Thread(target=_stream, args=(server, LONG, events))
@@ -159,7 +172,7 @@ def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1() -> Non
         whole = pool.submit(httpx.post, f"{server.url}/v1/completions", json=LONG, timeout=60)
         while len(events) < 2:  # both requests run
             time.sleep(0.02)
-        os.kill(server.engine_pid(), signal.SIGKILL)
+        os.kill(victim(server), signal.SIGKILL)
         killed = time.monotonic()
         health = []  # what /health says once the server has logged the failure
         with httpx.Client(timeout=1) as probe:
@@ -177,44 +190,50 @@ def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1() -> Non
         assert '"code":"unavailable"' in events[-2] and "the engine failed" in events[-2]
         refused = whole.result()
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
-        assert "the engine process exited (exit code -9)" in "".join(server.log)
+        assert cause in "".join(server.log)
 
 
-def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits(
+def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(
     server: ServerProcess,
 ) -> None:
-    long_events: list[str] = []
-    short_events: list[str] = []
-    long = threading.Thread(target=_stream, args=(server, LONG, long_events))
-    long.start()
-    while not long_events:
-        time.sleep(0.02)
-    short = threading.Thread(
-        target=_stream,
-        args=(server, {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}, short_events),
+    longs = [_started_stream(server, LONG) for _ in range(2)]
+    short, short_events = _started_stream(
+        server, {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}
     )
-    short.start()
-    while not short_events:
-        time.sleep(0.02)
 
     server.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while long.is_alive():  # soon, while the long request still runs: no new connections
+    signalled = time.monotonic()
+    while longs[0][0].is_alive():  # soon, while the long requests still run: no new connections
         try:
             httpx.get(f"{server.url}/health", timeout=1)
         except (httpx.ConnectError, httpx.RemoteProtocolError):
             break  # refused, or accepted by the closing socket's backlog and dropped unanswered
-        assert time.monotonic() < deadline, "the server still accepts connections"
+        assert time.monotonic() - signalled < 10, "the server still accepts connections"
         time.sleep(0.05)
-    assert long.is_alive()
+    assert all(thread.is_alive() for thread, _ in longs)
     short.join(timeout=30)
     assert short_events[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in short_events[-2]  # finished normally
 
-    long.join(timeout=30)
-    assert long_events[-1] == "data: [DONE]"
-    assert "shutting down" in long_events[-2]  # aborted after the grace period
-    assert len(long_events) < LONG["max_tokens"]  # type: ignore[operator]
-    assert server.wait(timeout=30) in (0, -signal.SIGTERM)
+    for thread, events in longs:
+        thread.join(timeout=30)
+        assert events[-1] == "data: [DONE]"
+        assert "shutting down" in events[-2]  # aborted after the grace period
+        assert len(events) < LONG["max_tokens"]  # type: ignore[operator]
+    assert server.wait(timeout=30) == 0
+    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S + 10  # the grace, then a prompt exit
     log = "".join(server.log)
-    assert "aborting 1 in-flight sequences" in log and "Application shutdown complete" in log
+    assert "aborting 2 in-flight sequences" in log and "Application shutdown complete" in log
+    assert "Traceback" not in log
+
+
+def _started_stream(
+    server: ServerProcess, body: dict[str, object]
+) -> tuple[threading.Thread, list[str]]:
+    """A streamed request in a thread of its own, once its first event has come."""
+    events: list[str] = []
+    thread = threading.Thread(target=_stream, args=(server, body, events))
+    thread.start()
+    while not events:
+        time.sleep(0.02)
+    return thread, events

@@ -176,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
         grammar_workers=args.grammar_workers,
         grammar_timeout=args.grammar_timeout,
     )
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
+    with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()
     if server.engine_failure is not None:
         # The server has shut down; a supervisor waits for the exit to restart it. Tearing

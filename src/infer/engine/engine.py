@@ -251,6 +251,8 @@ class Engine:
         except WorkerDiedError:  # no step can run any more
             raise
         except Exception as exc:  # only the request that causes it fails; the rest retry
+            if self.workers is not None:  # unless a collective failed because a worker died
+                self.workers.check_alive(grace_s=1.0)  # (its exit may lag its sockets')
             logger.exception("engine step failed")
             self._uncollected = self._deferred = None
             failed = self.scheduler.recover(involved, f"{type(exc).__name__}: {exc}")

@@ -7,7 +7,8 @@ environment already names a multi-node group (``RANK``, ``WORLD_SIZE``, ``MASTER
 ``MASTER_PORT``), it starts none: every other rank is launched the same way on its node.
 
 A worker exits when rank 0 sends the shutdown step (``None``), and, for the workers started
-here, when rank 0's process goes away (its end of the worker's stdin closes).
+here, when rank 0's process goes away (its end of the worker's stdin closes). Rank 0 learns
+that one of them died from ``Workers.watch`` (the server's engine) or before its next step.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -46,6 +49,8 @@ class Workers:
     def __init__(self, processes: dict[int, subprocess.Popen[bytes]]) -> None:
         self.processes = processes
         self.group: ParallelGroup | None = None
+        self._stopping = False
+        self._watcher: threading.Thread | None = None
         atexit.register(self.stop)
 
     def check_alive(self, grace_s: float = 0.0) -> None:
@@ -63,8 +68,33 @@ class Workers:
                 return
             time.sleep(0.1)
 
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        """Call ``on_death`` with why, from a thread of its own, as soon as a worker exits
+        before ``stop``: rank 0 may be waiting in a collective that the dead worker never
+        joins (gloo fails only the step; NCCL waits for its timeout), or idle."""
+        pidfds = [os.pidfd_open(process.pid) for process in self.processes.values()]
+        self._watcher = threading.Thread(
+            target=self._watch, args=(pidfds, on_death), name="infer-tp-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, pidfds: list[int], on_death: Callable[[str], None]) -> None:
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)  # readable once its process has exited
+        poller.poll()
+        for fd in pidfds:
+            os.close(fd)
+        if self._stopping:
+            return
+        try:
+            self.check_alive()
+        except WorkerDiedError as exc:
+            on_death(str(exc))
+
     def stop(self) -> None:
         """Send the shutdown step, wait for the workers, kill those that do not exit."""
+        self._stopping = True  # their exits are no news to the watcher
         group, self.group = self.group, None
         if group is not None:
             try:
@@ -80,6 +110,8 @@ class Workers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self._watcher is not None:
+            self._watcher.join()  # woken by the workers' exits
         self.processes = {}
         atexit.unregister(self.stop)
 

@@ -23,6 +23,7 @@ closes. When an API worker's pipe closes, its requests are aborted and the rest 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import queue
 import signal
@@ -152,6 +153,7 @@ def run_engine(
             for api in apis:
                 api.outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
             return
+        _fail_on_dead_worker(engine, apis)
         freeze_heap()  # the model, caches and CUDA graphs stay; per-step garbage does not
         for api in apis:
             api.outbox.send(Ready(info))
@@ -167,6 +169,24 @@ def run_engine(
     finally:
         for api in apis:
             api.outbox.close()
+
+
+def _fail_on_dead_worker(engine: ServedEngine, apis: list[_ApiLink]) -> None:
+    """A tensor-parallel worker that dies ends the engine process at once, however busy its
+    loop is (it may be waiting for the dead worker in a collective): every API process is
+    told why, then sees the process exit, as for a dead engine."""
+    workers = engine.workers if isinstance(engine, Engine) else None
+    if workers is None:
+        return
+
+    def fail(message: str) -> None:
+        logger.error("the engine stops: %s", message)
+        for api in apis:
+            api.outbox.send(EngineFailed(message))
+            api.outbox.close()
+        os._exit(1)
+
+    workers.watch(fail)
 
 
 class _Outbox:

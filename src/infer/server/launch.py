@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -108,7 +109,13 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve until a signal or ``should_exit``. uvicorn raises the signal that stopped
+        it again once it has shut down: SIGTERM then ends ``run`` as SIGINT does, with a
+        ``KeyboardInterrupt`` for the caller to suppress, so a graceful stop exits 0 rather
+        than by the signal (which a supervisor counts as a failure)."""
         _raise_open_file_limit()
+        if threading.current_thread() is threading.main_thread():  # else uvicorn catches none
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         super().run(sockets or [self.listener])
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -276,7 +283,7 @@ def serve_api_worker(spec: WorkerSpec) -> None:
     link = EngineLink(spec.pipes, None)
     server = _server(spec.engine_config, spec.http, spec.listener, link, spec.in_flight,
                      spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises SIGINT after a clean stop
+    with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()
     sys.exit(server.exit_code)
 
@@ -354,6 +361,16 @@ class ServerProcess:
             if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return int(child)
         raise RuntimeError("the server has no engine process")
+
+    def tp_worker_pids(self) -> list[int]:
+        """The engine's tensor-parallel worker processes' pids (Linux), by rank."""
+        engine = self.engine_pid()
+        children = Path(f"/proc/{engine}/task/{engine}/children").read_text().split()
+        return [
+            int(child)
+            for child in children
+            if b"infer.engine.tp_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+        ]
 
     def wait(self, timeout: float) -> int:
         """The exit code, once the process has ended and all of its log has been read."""
