@@ -142,10 +142,8 @@ def summarize(result: RunResult, groups: Sequence[str] = ()) -> dict[str, Any]:
         "prompt_tokens": sum(r.prompt_tokens for r in done),
         "output_tok_s": _round(output_tokens / duration) if duration > 0 else 0.0,
         "requests_per_s": _round(len(done) / duration) if duration > 0 else 0.0,
-        "ttft_ms": percentiles(ttft, 1e3),
+        **_latencies(done),
         "ttft_from_due_ms": percentiles([r.due_wait_s + r.ttft_s for r in done], 1e3),
-        "itl_ms": percentiles(itl, 1e3),
-        "e2e_ms": percentiles(e2e, 1e3),
         **result.extra,
         **_group_latencies(result, groups),
         "cdf": {
@@ -168,6 +166,15 @@ def summarize(result: RunResult, groups: Sequence[str] = ()) -> dict[str, Any]:
     }
 
 
+def _latencies(done: list[RequestMetrics]) -> dict[str, dict[str, float | None]]:
+    """TTFT, ITL (pooled over the requests) and E2E percentiles, in milliseconds."""
+    return {
+        "ttft_ms": percentiles([r.ttft_s for r in done], 1e3),
+        "itl_ms": percentiles([gap for r in done for gap in r.itl_s], 1e3),
+        "e2e_ms": percentiles([r.e2e_s for r in done], 1e3),
+    }
+
+
 def _group_latencies(result: RunResult, groups: Sequence[str]) -> dict[str, Any]:
     if not any(groups):
         return {}
@@ -177,12 +184,7 @@ def _group_latencies(result: RunResult, groups: Sequence[str]) -> dict[str, Any]
             members.setdefault(group, []).append(request)
     return {
         "groups": {
-            group: {
-                "num_requests": len(requests),
-                "ttft_ms": percentiles([r.ttft_s for r in requests], 1e3),
-                "itl_ms": percentiles([gap for r in requests for gap in r.itl_s], 1e3),
-                "e2e_ms": percentiles([r.e2e_s for r in requests], 1e3),
-            }
+            group: {"num_requests": len(requests), **_latencies(requests)}
             for group, requests in members.items()
         }
     }
