@@ -1,10 +1,11 @@
 """Idle connections cannot lock users out: 1,000 connections that send nothing and 100
 that trickle their headers a byte a second (whichever the server closes opened again at
 once, from four addresses other than the users'), while a user sends a completion a
-second on a fresh connection. Every one is answered 200, as fast as on an unloaded server
-give or take 2x. The server runs with its defaults, and with the 4 + 8 capacity of the
-probe that found the lockout (issue 42: 550 such connections got every user a 503 for
-30 s; with the defaults it took 4,700).
+second on a fresh connection. Every one is answered 200, the median as fast as on an
+unloaded server give or take 2x, and none waits for an attacker's slot to time out. The
+server runs with its defaults, and with the 4 + 8 capacity of the probe that found the
+lockout (issue 42: 550 such connections got every user a 503 for 30 s; with the defaults
+it took 4,700).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from infer.bench.idle_connections import IdleConnections
-from infer.server.launch import spawn_server
+from infer.server.launch import DEFAULT_HEADER_TIMEOUT_S, spawn_server
 
 IDLE, SLOW = 1000, 100
 ATTACKERS = [f"127.0.0.{i}" for i in range(2, 6)]
@@ -58,6 +59,6 @@ def test_idle_and_slow_connections_cannot_lock_users_out(engine_args: list[str])
     before = [seconds for _, seconds in unloaded]
     during = [seconds for _, seconds in loaded]
     assert statistics.median(during) <= 2 * statistics.median(before), (before, during)
-    # The slowest but one: the attackers reconnect on the same two cores, and one request
-    # in twenty met such a burst at 3x (a run of 2026-11-26) while the rest held.
-    assert sorted(during)[-2] <= 2 * max(before), (before, during)
+    # A locked-out user waits until a slot times out; the attackers reconnecting on the same
+    # two cores slow a few requests by 2-3x, which is not that.
+    assert max(during) < DEFAULT_HEADER_TIMEOUT_S, (before, during)
