@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from infer.speculative_config import SpeculativeConfig
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "gemma3_text", "gemma3")
 BatchingMode = Literal["static", "continuous"]
 KVCacheBackend = Literal["contiguous", "paged"]
@@ -283,11 +285,16 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     quantization: str | None = None  # fp8: weights quantised at load (FP8 checkpoints: as is)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8: e4m3, a scale per tensor
+    # A dict or its JSON text is parsed at construction (the CLI's and ``LLM``'s shapes).
+    speculative_config: SpeculativeConfig | None = None
     dtype: str | None = None
     device: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
+        spec: object = self.speculative_config
+        if isinstance(spec, dict | str):
+            self.speculative_config = SpeculativeConfig.parse(spec)
         self._resolve_dependent_defaults()
         self.validate()
 

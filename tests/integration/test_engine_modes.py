@@ -1,6 +1,7 @@
 """Greedy outputs are identical whatever the engine's mode: Hugging Face transformers,
-contiguous, paged, chunk sizes 1/7/16/512, static vs continuous, and a pool so small that
-requests are preempted again and again. After every workload no block is leaked."""
+contiguous, paged, chunk sizes 1/7/16/512, static vs continuous, a pool so small that
+requests are preempted again and again, and n-gram speculation beside each of those that
+matter to it. After every workload no block is leaked."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ MODES: dict[str, dict[str, Any]] = {
         "prefill_chunk_size": 16,
         "admission_reserve": 0.0,
     },
+}
+NGRAM = {"num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+MODES |= {
+    "speculative": {"speculative_config": NGRAM},
+    "speculative-contiguous": {**MODES["contiguous"], "speculative_config": NGRAM},
+    "speculative-chunk-7": {**MODES["chunk-7"], "speculative_config": NGRAM},
+    "speculative-tiny-pool": {**MODES["tiny-pool"], "speculative_config": NGRAM},
 }
 
 
@@ -102,8 +110,10 @@ def test_every_mode_matches_transformers(
     outputs, llm = _generate(str(tiny_checkpoint(family)), _prompts(320), MODES[mode])
     assert outputs == references[family]
     _assert_no_leaks(llm)
-    if mode == "tiny-pool":
+    if mode.endswith("tiny-pool"):
         assert llm.cache_stats()["preemptions"] >= 3
+    if mode.startswith("speculative"):
+        assert llm.engine.scheduler.speculation.num_accepted_tokens > 0
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +123,8 @@ def smollm2_reference() -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "mode", ["contiguous", "paged", "chunk-1", "chunk-7", "chunk-16", "static", "tiny-pool"]
+    "mode",
+    ["contiguous", "paged", "chunk-1", "chunk-7", "chunk-16", "static", "tiny-pool", "speculative"],
 )
 def test_smollm2_modes_agree(mode: str, smollm2_reference: list[list[int]]) -> None:
     outputs, llm = _generate("smollm2-135m", _prompts(49152), MODES[mode])

@@ -119,6 +119,16 @@ class PagedKVCachePool:
     def advance(self, seq_id: int, num_tokens: int) -> None:
         self.seq_lens[seq_id] += num_tokens
 
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        length = self.seq_lens[seq_id] - num_tokens
+        self.seq_lens[seq_id] = length
+        # Blocks past the end are this step's own (indexed blocks lie below the old end).
+        table = self.page_tables[seq_id]
+        kept = self._blocks_for(length)
+        if len(table) > kept:
+            self.allocator.free(reversed(table[kept:]), owner=seq_id)
+            del table[kept:]
+
     def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         if self.prefix is None:
             return

@@ -69,6 +69,11 @@ class CachePoolProtocol(Protocol):
         """Record that ``num_tokens`` more are computed (their K/V is being written)."""
         ...
 
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` computed positions (rejected proposals): later
+        steps overwrite their K/V; blocks wholly past the new end may be freed."""
+        ...
+
     def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """Offer the sequence's newly completed blocks for prefix sharing; ``token_ids`` must
         be known up to the computed length."""

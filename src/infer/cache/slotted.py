@@ -58,5 +58,8 @@ class SlottedKVCache(PagedKVCachePool):
     def prepare_append(self, slot: int, num_tokens: int) -> bool:
         return self.seq_lens[slot] + num_tokens <= self.max_seq_len
 
+    def rewind(self, slot: int, num_tokens: int) -> None:
+        self.seq_lens[slot] -= num_tokens  # the slot keeps its blocks
+
     def free_token_capacity(self) -> int | None:
         return None

@@ -35,7 +35,11 @@ _HELP = {
     "dtype": "float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
     "device": "cpu | cuda[:N] (default: cuda when available)",
     "tensor_parallel_size": "split the model over this many ranks (GPUs, or CPU processes)",
+    "speculative_config": 'JSON, as vLLM: {"method": "ngram", "num_speculative_tokens": 4, '
+    '"prompt_lookup_max": 4} (default: no speculation)',
 }
+# Fields given as JSON text, which ``EngineConfig`` parses (its errors name the setting).
+_JSON_FIELDS = frozenset({"speculative_config"})
 _ALIASES = {"tensor_parallel_size": ["-tp"]}
 
 
@@ -59,7 +63,7 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: frozenset[str] = f
     for field in dataclasses.fields(EngineConfig):
         if field.name in exclude:
             continue
-        base = _base_type(hints[field.name])
+        base = str if field.name in _JSON_FIELDS else _base_type(hints[field.name])
         default = field.default
         # A ``None`` default is explained by the help text (it depends on the machine or
         # on other flags).

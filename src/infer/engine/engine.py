@@ -244,8 +244,7 @@ class Engine:
             bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
             outputs += self._end_failed_grammars()
             for new in self.scheduler.update(current.scheduled, result):
-                logprobs = [] if new.logprob is None else [new.logprob]
-                outputs.append(self._output(new.request, [new.token_id], logprobs, new.text))
+                outputs.append(self._output(new.request, new.token_ids, new.logprobs, new.text))
             if deferred is not None:  # the tokens its sampling reads are known now
                 self._sample_deferred(deferred, bitmask, involved, outputs)
         except WorkerDiedError:  # no step can run any more

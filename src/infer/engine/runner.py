@@ -52,7 +52,7 @@ class ForwardedStep:
     queues it once the host knows what it reads (the previous step's tokens, for a
     grammar's mask or penalties)."""
 
-    requests: list[Request]  # the rows that sample, in order
+    requests: list[Request]  # the rows that sample, in order (a request's proposals: several)
     logits: Tensor  # [B, V] on the device
     output_indices: list[int]  # which output of its request each row samples
 
@@ -60,12 +60,13 @@ class ForwardedStep:
 @dataclass
 class StepInputs:
     """What a rank needs to run one step's forward pass: the flat batch's sequences (block
-    tables, positions, tokens), which of them sample, whether the input tokens are the
+    tables, positions, tokens), how many of each one's last positions sample (more than one
+    where proposed tokens are checked), whether the input tokens are the
     previous step's samples (still on the device: rank 0 broadcasts them as a tensor), and
     the block copies copy-on-write asked for (made before the step writes the cache)."""
 
     sequences: list[ScheduledSequence]
-    samples: list[bool]
+    samples: list[int]
     ahead: bool
     copies: list[tuple[int, int]]
     scored: ScoredRows = field(default_factory=ScoredRows)  # prompts scored this step
@@ -82,7 +83,7 @@ class StepInputs:
 
 def _step_inputs(
     rows: list[tuple[list[int], int, list[int]]],
-    samples: list[bool],
+    samples: list[int],
     ahead: bool,
     copies: list[tuple[int, int]],
     scored: ScoredRows,
@@ -133,9 +134,10 @@ class ModelRunner:
         for chunk in chunks:
             request = chunk.request
             assert request.seq_id is not None
-            end = chunk.start + chunk.num_tokens
+            end = chunk.start + chunk.num_tokens - len(chunk.proposals)
             tokens = request.token_ids[chunk.start : end]
-            tokens += [0] * (chunk.num_tokens - len(tokens))  # placeholders
+            tokens += [0] * (end - chunk.start - len(tokens))  # placeholders
+            tokens += chunk.proposals
             table = self.pool.block_table(request.seq_id)
             sequences.append(ScheduledSequence(table, chunk.start, tokens))
         input_ids = None
@@ -145,7 +147,7 @@ class ModelRunner:
         copies = self.pool.take_copies()
         scored, spans = prompt_logprobs.plan(scheduled)
         step = StepInputs(
-            sequences, [c.samples for c in chunks], input_ids is not None, copies, scored
+            sequences, [c.num_samples for c in chunks], input_ids is not None, copies, scored
         )
         if self.group.world_size > 1:
             self.group.broadcast_object(step)
@@ -157,9 +159,9 @@ class ModelRunner:
         sampling = scheduled.chunks_that_sample()
         if not sampling:
             return None
-        return ForwardedStep(
-            [c.request for c in sampling], logits, [c.output_index for c in sampling]
-        )
+        rows = [(c.request, c.output_index + i) for c in sampling for i in range(c.num_samples)]
+        requests, output_indices = zip(*rows, strict=True)
+        return ForwardedStep(list(requests), logits, list(output_indices))
 
     @torch.inference_mode()
     def sample(self, forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
@@ -241,8 +243,11 @@ class ModelRunner:
             scores = prompt_logprobs.score(step.scored, logits_of, self.device)
         if decode and all(samples):
             return out, scores
-        ends = _ends(sequences)
-        rows = [i if decode else ends[i] - 1 for i, keep in enumerate(samples) if keep]
+        if decode:
+            rows = [i for i, count in enumerate(samples) if count]
+        else:
+            ends = _ends(sequences)
+            rows = [p for end, n in zip(ends, samples) for p in range(end - n, end)]
         index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         return logits_of(index), scores
 

@@ -19,6 +19,11 @@ admissions alike. A token sampled in flight is a *placeholder* (``Request.num_pl
 until ``update`` replaces it; the step ahead takes it from the device (``fed_rows``). What
 needs the host first (a preemption, a suspect to run alone) waits for a synchronous step.
 
+With a ``speculative_config``, a decoding row may run its next token and the tokens
+``speculation.py`` proposes after it (``ScheduledChunk.proposals``): every one is sampled,
+``update`` keeps those the target agrees with and rewinds the cache over the rest. Such
+steps are synchronous: ``schedule_ahead`` declines while speculation is on.
+
 A step that raised is handed back with ``recover``: its requests are recomputed, and each
 runs alone until it samples again, so the request that makes steps fail is found and only it
 gets the error.
@@ -36,6 +41,12 @@ from infer.config import EngineConfig
 from infer.engine.grammar import GRAMMAR_FIELD
 from infer.engine.output import record_token
 from infer.engine.request import Request, RequestState, TokenLogprob
+from infer.engine.speculation import (
+    NgramProposer,
+    SpeculationGate,
+    SpeculationStats,
+    accepted_length,
+)
 
 # A request in this many failed steps is failed, even where it never failed alone.
 MAX_FAILED_STEPS = 3
@@ -48,19 +59,26 @@ class QueueFullError(RuntimeError):
 @dataclass
 class ScheduledChunk:
     """``num_tokens`` tokens of ``request`` from position ``start`` computed in this step;
-    ``samples``: they reach the end of the sequence, so a token is sampled."""
+    ``samples``: they reach the end of the sequence, so a token is sampled. The last
+    ``len(proposals)`` of them are proposed tokens, each sampled after too."""
 
     request: Request
     start: int
     num_tokens: int
     samples: bool
+    proposals: list[int] = field(default_factory=list)
 
     @property
     def output_index(self) -> int:
-        """Which output a chunk that samples samples (0: the first), fixed when it is
+        """Which output a chunk that samples samples first (0: the first), fixed when it is
         scheduled: a seed draws the same noise for the same output whether or not the step
-        was scheduled ahead, and however many samples are on the device."""
-        return self.start + self.num_tokens - self.request.num_prompt_tokens
+        was scheduled ahead or speculated, and however many samples are on the device."""
+        end = self.start + self.num_tokens - len(self.proposals)
+        return end - self.request.num_prompt_tokens
+
+    @property
+    def num_samples(self) -> int:
+        return 1 + len(self.proposals) if self.samples else 0
 
 
 @dataclass
@@ -73,6 +91,9 @@ class SchedulerOutput:
     fed_rows: list[tuple[int, int]] = field(default_factory=list)
     # Scheduled ahead but short of blocks: the next step runs synchronously (and preempts).
     needs_host: bool = False
+    # Decoding rows may carry proposals (``speculative_config``): ``update`` counts how the
+    # step paid off.
+    speculative: bool = False
     # A chunk's request scores its prompt (``prompt_logprobs``): the runner plans which
     # positions to project; other steps skip the planning.
     scores_prompts: bool = False
@@ -80,6 +101,10 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(c.num_samples for c in self.chunks)
 
     def requests(self) -> list[Request]:
         return [c.request for c in self.chunks]
@@ -89,18 +114,19 @@ class SchedulerOutput:
 
 
 @dataclass(slots=True)
-class SampledToken:
-    """A token ``update`` accepted, with the text it released for streaming."""
+class SampledTokens:
+    """The tokens ``update`` accepted for a request (one, or more where proposals were
+    accepted), with the text they released for streaming."""
 
     request: Request
-    token_id: int
-    logprob: TokenLogprob | None
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
     text: str
 
 
 @dataclass
 class StepResult:
-    """Sampled tokens of the chunks that sample, in order."""
+    """Sampled tokens of the chunks that sample, in order (``num_samples`` per chunk)."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
@@ -115,6 +141,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        spec = config.speculative_config
+        self.proposer = None if spec is None else NgramProposer(spec)
+        self.gate = None if spec is None else SpeculationGate(spec)
+        self.speculation = SpeculationStats()
 
     # --- queue ---------------------------------------------------------------------------
     def add_request(self, request: Request, *, bounded: bool = True) -> None:
@@ -151,8 +181,17 @@ class Scheduler:
         suspect = self._first_suspect()
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
-        self._fill(out, ahead=False)
+        self._fill(out, ahead=False, speculate=self._speculates())
         return out
+
+    def _speculates(self) -> bool:
+        """Whether this step proposes tokens (a closed gate counts the step)."""
+        if self.gate is None:
+            return False
+        if self.gate.is_open(len(self.running)):
+            return True
+        self.gate.tick()
+        return False
 
     def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
         """The step after ``previous`` (in flight), by the rules of ``schedule``; the rows
@@ -163,9 +202,13 @@ class Scheduler:
         queues only the forward pass ahead and samples once the tokens are known."""
         if previous.needs_host or self._first_suspect() is not None:
             return None
+        # The input of a row after a speculative step is its last accepted sample, which
+        # only the host knows.
+        if previous.speculative or self._speculates():
+            return None
         self.retire()
         out = SchedulerOutput()
-        self._fill(out, ahead=True)
+        self._fill(out, ahead=True, speculate=False)
         if not out.chunks:
             if out.failed:  # failed at admission: reported with the step in flight
                 return out
@@ -182,13 +225,15 @@ class Scheduler:
         """A request recovering from a failed step (it runs alone, synchronously)."""
         return next((r for r in itertools.chain(self.running, self.waiting) if r.suspect), None)
 
-    def _fill(self, out: SchedulerOutput, *, ahead: bool) -> None:
+    def _fill(self, out: SchedulerOutput, *, ahead: bool, speculate: bool) -> None:
         """Running requests first (a decode token or the next chunk), then admissions,
         within the step's budget. ``ahead``: a placeholder that ends its request is not
-        continued, and a shortage of blocks stops the step instead of preempting."""
+        continued, and a shortage of blocks stops the step instead of preempting.
+        ``speculate``: decoding rows run proposals after their token where blocks allow."""
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
+        out.speculative = speculate
         for request in list(self.running):
             if request.state is not RequestState.RUNNING or budget == 0:
                 continue
@@ -197,28 +242,56 @@ class Scheduler:
             num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
             if num_tokens == 0:
                 continue
+            proposals = self._propose(request, budget) if speculate and num_tokens == 1 else []
             if not self._make_room(request, num_tokens, out, ahead=ahead):
                 if out.needs_host:
                     return
                 continue
-            self._add_chunk(out, request, num_tokens)
-            budget -= num_tokens
+            self._add_chunk(out, request, num_tokens, proposals)
+            budget -= out.chunks[-1].num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills, decodes)
+
+    def _propose(self, request: Request, budget: int) -> list[int]:
+        """Tokens to check after the request's next one: within the budget, its length and
+        free blocks (proposals never preempt), none where sampling reads the output so far
+        on the host (a grammar's mask, penalties)."""
+        assert self.proposer is not None and request.seq_id is not None
+        if request.params.needs_output_tokens:
+            return []
+        limit = self.max_seq_len - request.num_tokens - 1
+        if request.params.max_tokens is not None:
+            limit = min(limit, request.params.max_tokens - request.num_output_tokens - 1)
+        spec = self.config.speculative_config
+        assert spec is not None
+        wanted = min(spec.num_speculative_tokens, budget - 1, limit)
+        proposals = self.proposer.propose(request.token_ids, wanted)
+        if proposals and not self.pool.prepare_append(request.seq_id, 1 + len(proposals)):
+            return []
+        return proposals
 
     def _ends_in_flight(self, request: Request) -> bool:
         """Whether the token in flight is the request's last by length."""
         return request.reaches_length(request.num_tokens_with_pending, self.max_seq_len)
 
-    def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
+    def _add_chunk(
+        self,
+        out: SchedulerOutput,
+        request: Request,
+        num_tokens: int,
+        proposals: list[int] | None = None,
+    ) -> None:
         assert request.seq_id is not None
+        proposals = proposals or []
         start = self.pool.get_seq_len(request.seq_id)
         samples = start + num_tokens == request.num_tokens_with_pending
-        out.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
+        out.chunks.append(
+            ScheduledChunk(request, start, num_tokens + len(proposals), samples, proposals)
+        )
         if request.prompt_logprobs is not None:
             out.scores_prompts = True
-        self.pool.advance(request.seq_id, num_tokens)
+        self.pool.advance(request.seq_id, num_tokens + len(proposals))
         request.num_placeholders += samples
 
     def _schedule_alone(self, request: Request, out: SchedulerOutput) -> bool:
@@ -348,25 +421,46 @@ class Scheduler:
         return True
 
     # --- after the forward pass -------------------------------------------------------------
-    def update(self, scheduled: SchedulerOutput, result: StepResult) -> list[SampledToken]:
+    def update(self, scheduled: SchedulerOutput, result: StepResult) -> list[SampledTokens]:
         """Account a collected step: each sampled token replaces its placeholder, is
         detokenised and checked against the stop rules; completed blocks become shareable.
-        Tokens of requests that ended while the step was in flight are dropped."""
+        Tokens of requests that ended while the step was in flight are dropped. A chunk with
+        proposals keeps the samples ``accepted_length`` allows; the cache forgets the rest."""
         now = time.perf_counter()
-        sampled = [c.request for c in scheduled.chunks_that_sample()]
         accepted = []
-        for request, token_id, logprob in zip(sampled, result.token_ids, result.logprobs):
+        gained = 0
+        first = 0
+        sampling = scheduled.chunks_that_sample()
+        for chunk in sampling:
+            request, count = chunk.request, chunk.num_samples
+            token_ids = result.token_ids[first : first + count]
+            logprobs = result.logprobs[first : first + count]
+            first += count
             if request.is_finished:
                 continue
             request.num_placeholders -= 1
             if request.suspect:
                 request.suspect = False  # it ran a whole step alone without failing
-            if logprob is not None:
-                request.logprobs.append(logprob)
-            text = record_token(request, token_id, now, self.max_seq_len)
-            if request.is_finished:
-                request.num_placeholders = 0  # a token queued after its end is not wanted
-            accepted.append(SampledToken(request, token_id, logprob, text))
+            kept = accepted_length(chunk.proposals, token_ids)
+            if chunk.proposals:
+                gained += kept - 1
+                self.speculation.record(len(chunk.proposals), kept - 1)
+                assert request.seq_id is not None
+                self.pool.rewind(request.seq_id, count - kept)
+            new = SampledTokens(request, [], [], "")
+            for token_id, logprob in zip(token_ids[:kept], logprobs[:kept]):
+                if logprob is not None:
+                    request.logprobs.append(logprob)
+                    new.logprobs.append(logprob)
+                new.token_ids.append(token_id)
+                new.text += record_token(request, token_id, now, self.max_seq_len)
+                if request.is_finished:
+                    request.num_placeholders = 0  # a token queued after its end is not wanted
+                    break
+            accepted.append(new)
+        if scheduled.speculative and any(c.proposals or c.num_tokens == 1 for c in sampling):
+            assert self.gate is not None
+            self.gate.record(gained)  # a step with decoding rows, which could speculate
         for chunk in scheduled.chunks:
             request = chunk.request
             if request.seq_id is not None and not request.is_finished:

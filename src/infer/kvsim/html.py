@@ -16,7 +16,7 @@ from typing import Any
 from infer.dashboard.frame import frame
 from infer.dashboard.page import render_page
 from infer.engine.request import Request
-from infer.engine.scheduler import SampledToken, Scheduler, SchedulerOutput
+from infer.engine.scheduler import SampledTokens, Scheduler, SchedulerOutput
 from infer.engine.watch import EngineWatch
 
 MAX_FRAMES = 300
@@ -43,7 +43,7 @@ class Replay:
     def stepped(
         self,
         scheduled: SchedulerOutput,
-        accepted: list[SampledToken],
+        accepted: list[SampledTokens],
         start_s: float,
         step_s: float,
     ) -> None:
@@ -57,7 +57,7 @@ class Replay:
             request = token.request
             arrived, first, _, count = self._times[request.request_id]
             first = end if first is None else first
-            self._times[request.request_id] = (arrived, first, end, count + 1)
+            self._times[request.request_id] = (arrived, first, end, count + len(token.token_ids))
             if request.is_finished:
                 itl = (end - first) / count if count else None
                 self._watch.finished(first - arrived, itl)

@@ -178,7 +178,7 @@ class _Run:
         self.refused += len(scheduled.failed)
         for request in self.scheduler.running:
             self.admitted_at.setdefault(request.request_id, step)
-        num_samples = sum(c.samples for c in scheduled.chunks)
+        num_samples = scheduled.num_samples
         sampled = StepResult(self.token_ids.fresh(num_samples), [None] * num_samples)
         accepted = self.scheduler.update(scheduled, sampled)
         if self.replay is not None:

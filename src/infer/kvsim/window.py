@@ -105,6 +105,10 @@ class WindowedPool:
     def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
         """No prefix sharing in this strategy."""
 
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """The blocks past the end stay with the sequence, for its next tokens."""
+        self.seq_lens[seq_id] -= num_tokens
+
     def advance(self, seq_id: int, num_tokens: int) -> None:
         """Record the computed tokens and release the windowed layers' blocks that no later
         query can reach."""

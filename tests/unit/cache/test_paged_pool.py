@@ -185,3 +185,19 @@ def test_stats_report_utilization_and_internal_fragmentation() -> None:
     assert stats.used_blocks == 2 and stats.utilization == pytest.approx(0.2)
     assert stats.internal_fragmentation == pytest.approx(2 / 8)
     assert stats.leaked_blocks == 0 and stats.active_sequences == 1
+
+
+def test_rewinding_forgets_rejected_positions_and_frees_blocks_past_the_end() -> None:
+    pool = _pool(num_blocks=10, block_size=4, prefix=True)
+    prompt = list(range(6))
+    seq = pool.allocate_sequence(6, prompt)
+    pool.advance(seq, 5)
+    assert pool.prepare_append(seq, 5)  # the last prompt token and four proposals
+    pool.advance(seq, 5)
+    assert pool.get_seq_len(seq) == 10 and len(pool.block_table(seq)) == 3
+    pool.rewind(seq, 3)  # one proposal accepted: positions 7-9 are rejected
+    assert pool.get_seq_len(seq) == 7 and len(pool.block_table(seq)) == 2
+    assert pool.used_blocks() == 2 and pool.audit_blocks() == []
+    pool.index_blocks(seq, [*prompt, 40, 41])
+    assert pool.allocate_sequence(4, [0, 1, 2, 3]) is not None  # the full block is shared
+    assert pool.prefix is not None and pool.prefix.hits == 1

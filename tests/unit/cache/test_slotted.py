@@ -56,3 +56,13 @@ def test_short_sequences_show_internal_fragmentation() -> None:
     assert stats.internal_fragmentation == pytest.approx(1 - 16 / 64)
     pool.free_sequence(slot)
     assert pool.audit_blocks() == [] and pool.allocator.num_free() == pool.num_blocks
+
+
+def test_rewinding_a_slot_keeps_its_reservation() -> None:
+    pool = _slotted(slots=2, max_seq_len=64, block_size=16)
+    slot = pool.allocate_sequence(10)
+    assert slot is not None
+    pool.advance(slot, 14)
+    pool.rewind(slot, 4)
+    assert pool.get_seq_len(slot) == 10 and len(pool.block_table(slot)) == 4
+    assert pool.audit_blocks() == []

@@ -302,3 +302,102 @@ def test_short_of_blocks_the_step_ahead_stops_and_the_next_one_is_synchronous() 
     _run(scheduler, ahead)
     out = scheduler.schedule()
     assert _names(out) == [("A", 1)] and [r.request_id for r in out.preempted] == ["B"]
+
+
+# --- speculative decoding -------------------------------------------------------------------
+NGRAM = {"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5]  # ends in 5: 6, 7, 8 followed it last time
+
+
+def _speculating(pool: PagedKVCachePool, **options: object) -> Scheduler:
+    return _scheduler(pool, speculative_config=NGRAM, **options)
+
+
+def _decoding(scheduler: Scheduler, prompt: list[int], **params: object) -> Request:
+    """A request admitted and prefilled, whose first sample was ``prompt[-1]``'s successor
+    in the pattern: it has one known token to decode."""
+    request = Request("A", list(prompt[:-1]), len(prompt) - 1, SamplingParams(**params), seed=0)  # type: ignore[arg-type]
+    scheduler.add_request(request)
+    prefill = scheduler.schedule()
+    scheduler.update(prefill, StepResult([prompt[-1]], [None]))
+    return request
+
+
+def test_a_decoding_row_runs_its_token_and_the_ngram_proposal_after_it() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    (chunk,) = out.chunks
+    assert (chunk.start, chunk.num_tokens, chunk.proposals) == (10, 4, [6, 7, 8])
+    assert chunk.num_samples == 4 and chunk.output_index == 1 and out.speculative
+    assert scheduler.schedule_ahead(out) is None  # the next input is known on the host only
+    assert request.num_tokens == 11
+
+
+def test_update_keeps_the_agreeing_samples_and_rewinds_the_cache_over_the_rest() -> None:
+    pool = _pool(100, block_size=4)
+    scheduler = _speculating(pool)
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    # Samples after 5, 6, 7, 8: 6 agrees with the first proposal, 1 not with the second.
+    (new,) = scheduler.update(out, StepResult([6, 1, 2, 3], [None] * 4))
+    assert new.token_ids == [6, 1] and request.output_token_ids == [5, 6, 1]
+    assert pool.get_seq_len(request.seq_id) == 12  # type: ignore[arg-type]
+    assert len(pool.block_table(request.seq_id)) == 3  # type: ignore[arg-type]
+    assert pool.audit_blocks() == [] and request.num_placeholders == 0
+    assert (scheduler.speculation.num_draft_tokens, scheduler.speculation.num_accepted_tokens) == (
+        3,
+        1,
+    )
+    (next_chunk,) = scheduler.schedule().chunks
+    assert next_chunk.start == 12 and next_chunk.proposals == []  # ...5, 6, 1: no match
+
+
+def test_every_proposal_accepted_yields_one_token_more_than_proposed() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    (new,) = scheduler.update(out, StepResult([6, 7, 8, 9], [None] * 4))
+    assert new.token_ids == [6, 7, 8, 9]
+    assert scheduler.pool.get_seq_len(request.seq_id) == 14  # type: ignore[arg-type]
+
+
+def test_a_stop_token_among_the_accepted_samples_ends_the_request_there() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    request = _decoding(scheduler, REPEATING, stop_token_ids=[7])
+    out = scheduler.schedule()
+    (new,) = scheduler.update(out, StepResult([6, 7, 8, 9], [None] * 4))
+    assert new.token_ids == [6, 7] and request.finish_reason == "stop"
+    scheduler.schedule()  # retires it
+    assert scheduler.pool.used_blocks() == 0
+
+
+def test_proposals_stay_within_max_tokens() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING, max_tokens=3)  # one output so far: two more allowed
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.proposals == [6]
+
+
+def test_rows_whose_sampling_reads_their_output_do_not_speculate() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING, repetition_penalty=1.2)
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.proposals == [] and chunk.num_tokens == 1
+
+
+def test_proposals_never_preempt() -> None:
+    pool = _pool(3, block_size=4)  # 11 tokens hold all three blocks: no room for more
+    scheduler = _speculating(pool)
+    _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    assert [(c.num_tokens, c.proposals) for c in out.chunks] == [(1, [])]
+    assert out.preempted == []
+
+
+def test_without_speculation_steps_are_scheduled_ahead() -> None:
+    scheduler = _scheduler(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    assert not out.speculative and out.chunks[0].proposals == []
+    assert scheduler.schedule_ahead(out) is not None
