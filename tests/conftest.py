@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,6 +100,12 @@ MIXED_SCRIPT_TEXTS = [
     "emoji 🎉👍🏽 family 👨‍👩‍👧 flag 🇫🇷 🙂",
     "tabs\tand\n\nnewlines   spaces\n",
 ]
+
+
+def chi_square_critical(df: int) -> float:
+    """The 99.9th percentile of chi-square with ``df`` degrees (Wilson-Hilferty)."""
+    z = 3.09
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def hf_config(family: str) -> Any:

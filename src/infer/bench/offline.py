@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Protocol
+from dataclasses import replace
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -71,11 +72,14 @@ def run_infer(
         drive(stepped, warmup, "warmup", progress=False)
     engine.peak_utilization = 0.0
     preemptions_before = int(engine.cache_stats()["preemptions"])
+    speculation_before = replace(engine.scheduler.speculation)
     requests = drive(stepped, workload, "bench", progress)
-    extra = {
+    extra: dict[str, Any] = {
         "peak_kv_utilization": round(engine.peak_utilization, 4),
         "preemptions": int(engine.cache_stats()["preemptions"]) - preemptions_before,
     }
+    if engine.config.speculative_config is not None:
+        extra["speculation"] = engine.scheduler.speculation.since(speculation_before).as_dict()
     return RunResult(requests, extra)
 
 

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import time
+from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
@@ -92,8 +93,8 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
 
     Of infer's flags it takes ``--model``, ``--load-format``, ``--dtype``,
     ``--gpu-memory-utilization``, ``--tensor-parallel-size``, ``--quantization`` (vLLM's
-    online ``fp8``; its documented scales are per tensor, ours per channel and per token)
-    and ``--seed``; the context is infer's (``max_seq_len``)."""
+    online ``fp8``; its documented scales are per tensor, ours per channel and per token),
+    ``--speculative-config`` and ``--seed``; the context is infer's (``max_seq_len``)."""
     vllm = import_vllm()
     folder, load_format = model_folder(config.model, config.load_format)
     dtype = str(config.torch_dtype).removeprefix("torch.")
@@ -109,6 +110,9 @@ def build_vllm(config: EngineConfig, max_seq_len: int) -> tuple[Any, dict[str, A
     }
     if config.quantization is not None:
         options["quantization"] = config.quantization
+    spec = config.speculative_config
+    if spec is not None:  # the same JSON shape (an unset disable_by_batch_size left out)
+        options["speculative_config"] = {k: v for k, v in asdict(spec).items() if v is not None}
     started = time.perf_counter()
     llm = vllm.LLM(**options)
     details = {

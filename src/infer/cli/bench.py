@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -317,8 +318,10 @@ def _engine_runner(
         options = {name: getattr(config, name) for name in EngineConfig.field_names()}
         del options["model"]
         llm = LLM(config.model, **options)
+        spec = config.speculative_config
         details = {
             **options,
+            "speculative_config": None if spec is None else asdict(spec),
             "device": str(llm.engine.device),
             "dtype": str(llm.engine.dtype),
             "num_blocks": llm.engine.pool.num_blocks,
@@ -444,6 +447,12 @@ def _print_done(engine: str, run: str, summary: dict[str, Any], path: Path) -> N
         parts.append(f"peak KV {summary['peak_kv_utilization']:.0%}")
     if "preemptions" in summary:
         parts.append(f"{summary['preemptions']} preemptions")
+    if "speculation" in summary:
+        spec = summary["speculation"]
+        parts.append(
+            f"speculation: {spec['acceptance_rate']:.0%} of proposals accepted, "
+            f"{spec['mean_accepted_length']:.2f} tokens a verification"
+        )
     if "generate_output_tok_s" in summary:
         parts.append(
             f"same burst through LLM.generate {summary['generate_output_tok_s']:,.1f} tok/s"

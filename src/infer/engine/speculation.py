@@ -82,6 +82,23 @@ class SpeculationStats:
         self.num_draft_tokens += proposed
         self.num_accepted_tokens += accepted
 
+    def since(self, earlier: SpeculationStats) -> SpeculationStats:
+        """What was counted after ``earlier`` (a copy taken then)."""
+        return SpeculationStats(
+            self.num_verify_steps - earlier.num_verify_steps,
+            self.num_draft_tokens - earlier.num_draft_tokens,
+            self.num_accepted_tokens - earlier.num_accepted_tokens,
+        )
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "verify_steps": self.num_verify_steps,
+            "draft_tokens": self.num_draft_tokens,
+            "accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+        }
+
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

@@ -29,6 +29,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from infer.engine.engine import Engine
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.speculation import SpeculationStats
 from infer.engine.wakeup import STALL_CHECK_S, Wakeup
 from infer.heap import IdleCollections, freeze_heap
 from infer.server.engine_pipes import PipeEnds
@@ -63,9 +65,12 @@ logger = logging.getLogger(__name__)
 _CALLABLE = frozenset({"cache_stats", "dashboard_view"})  # engine methods the API may call
 
 
-class _Preemptions(Protocol):
+class _SchedulerCounters(Protocol):
     @property
     def preemptions(self) -> int: ...
+
+    @property
+    def speculation(self) -> SpeculationStats: ...
 
 
 class ServedEngine(Protocol):
@@ -112,7 +117,7 @@ class ServedEngine(Protocol):
     def num_structured_output_errors(self) -> int: ...
 
     @property
-    def scheduler(self) -> _Preemptions: ...
+    def scheduler(self) -> _SchedulerCounters: ...
 
 
 # Builds the engine in the engine process (so it must pickle: a module-level function).
@@ -355,6 +360,7 @@ class _EngineLoop:
             prompt_tokens=engine.num_prompt_tokens,
             generation_tokens=engine.num_generated_tokens,
             structured_output_errors=engine.num_structured_output_errors,
+            speculation=replace(engine.scheduler.speculation),  # a copy: it changes
         )
         for api in self.apis:
             api.outbox.send(StepEvents(api.progress, api.finished, snapshot))

@@ -9,11 +9,12 @@ hundreds (each message is a pickle, a pipe write and a wake-up of the other side
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.speculation import SpeculationStats
 
 # What a running sequence produced in one step: (request_id, new token ids, new text,
 # new logprobs). A tuple, not an object: it is built and pickled per request per step.
@@ -43,6 +44,7 @@ class EngineSnapshot:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     structured_output_errors: int = 0
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)
 
 
 # --- API process → engine process ----------------------------------------------------------

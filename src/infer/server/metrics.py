@@ -62,6 +62,30 @@ class _EngineCollector(Collector):
             "token it could not consume, a mask beyond llguidance's limits).",
             s.structured_output_errors,
         )
+        spec = s.speculation
+        yield CounterMetricFamily(
+            "infer_spec_decode_num_drafts",
+            "Speculative decoding: rows whose proposed tokens a step checked.",
+            spec.num_verify_steps,
+        )
+        yield CounterMetricFamily(
+            "infer_spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens
+        )
+        yield CounterMetricFamily(
+            "infer_spec_decode_num_accepted_tokens",
+            "Proposed tokens the model agreed with.",
+            spec.num_accepted_tokens,
+        )
+        yield GaugeMetricFamily(
+            "infer_spec_decode_acceptance_rate",
+            "Accepted of proposed tokens, since start.",
+            spec.acceptance_rate,
+        )
+        yield GaugeMetricFamily(
+            "infer_spec_decode_mean_accepted_length",
+            "Tokens a checked row produced per step (its own sample included), since start.",
+            spec.mean_accepted_length,
+        )
 
 
 class ServerMetrics:

@@ -16,6 +16,7 @@ from infer.config import EngineConfig, ModelConfig
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.speculation import SpeculationStats
 from infer.engine.wakeup import Wakeup
 from infer.loader import resolve_model
 from infer.server.engine_process import ServedEngine
@@ -36,6 +37,7 @@ class _Sequence:
 @dataclass
 class _Counters:
     preemptions: int = 0
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)  # it never speculates
 
 
 class StandInEngine:

@@ -5,11 +5,11 @@ same token whatever shares its batch; the Triton kernel draws the reference's to
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 import pytest
 import torch
+from tests.conftest import chi_square_critical
 
 from infer.kernels.sampling import (
     RowSettings,
@@ -78,12 +78,6 @@ def _expected(
     return kept / kept.sum()
 
 
-def _chi_square_critical(df: int) -> float:
-    """The 99.9th percentile of chi-square with ``df`` degrees (Wilson-Hilferty)."""
-    z = 3.09
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 FILTERS = [
     pytest.param(1.0, 0, 1.0, 0.0, id="temperature-1"),
     pytest.param(0.6, 0, 1.0, 0.0, id="temperature-0.6"),
@@ -111,7 +105,7 @@ def test_samples_follow_the_filtered_softmax(
     assert support.sum() > 1
     mean = expected[support].double() * DRAWS
     statistic = float(((counts[support] - mean) ** 2 / mean).sum())
-    assert statistic < _chi_square_critical(int(support.sum()) - 1)
+    assert statistic < chi_square_critical(int(support.sum()) - 1)
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)

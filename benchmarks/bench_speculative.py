@@ -1,0 +1,284 @@
+"""Speculative decoding on one GPU (issue 38), two parts:
+
+* ``quoting``: real SmolLM2-135M weights, prompts whose answers quote them (code edits,
+  summaries, lists, dialogue), greedy, batch 1 and batch 8: output tok/s with n-gram
+  speculation and without, the same prompts in the same process, the acceptance rate, and
+  whether the outputs are identical. ``--vllm`` adds vLLM with the same n-gram settings on
+  the same folder (with and without speculation).
+* ``verify``: dummy weights (``--dummy-model``, llama-3.2-3b): the engine's mean step time
+  decoding plainly (scheduled ahead, graphs) against steps that check ``k`` = 1..8 fixed
+  proposals per row, at batch 1 and 8; from their ratio, the acceptance rate at which each
+  ``k`` breaks even (a row then yields ``(1 - a^(k+1)) / (1 - a)`` tokens a step).
+
+    python benchmarks/bench_speculative.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --parts quoting,verify [--vllm] [--output F.json] [--scoreboard]
+
+The GGUF is converted once by transformers into an HF folder (``--folder``) that both
+engines load, so they run the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infer import LLM, SamplingParams
+from infer.bench import scoreboard
+from infer.engine.engine import Engine
+
+CODE = '''def parse_size(text):
+    """Bytes in a size such as 10K, 3M or 2G."""
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    number, unit = text[:-1], text[-1]
+    if unit not in units:
+        return int(text)
+    return int(number) * units[unit]
+'''
+STORY = (
+    "The lighthouse keeper climbed the stairs at dusk, lit the lamp, and wrote the weather "
+    "in his log. A ship passed to the north. At midnight the fog came in, and he wound the "
+    "horn until morning, when the fog lifted and the fishing boats went out again."
+)
+PROMPTS = [
+    f"{CODE}\nThe same function with the parameter renamed from text to value:\n\n",
+    f"{CODE}\nThe same function with type hints added:\n\n",
+    f"{CODE}\nThe same code, unchanged, then one line explaining it:\n\n",
+    f"Story: {STORY}\n\nThe story again, word for word:\n",
+    f"Story: {STORY}\n\nSummary, quoting the story's own words:\n",
+    "Repeat the list five times.\nList: red, orange, yellow, green, blue, indigo, violet.\n",
+    "Bob: The meeting moved to Thursday at ten in room four.\n"
+    "Alice: Sorry, could you repeat that?\nBob:",
+    f"Document:\n{STORY}\n\nQuestion: when did the fog lift? Answer with the sentence:\n",
+]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+def hf_folder(gguf: Path, folder: Path) -> Path:
+    """The GGUF's weights and tokenizer as an HF folder (bf16), made once."""
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    model.save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(
+        str(folder)
+    )
+    return folder
+
+
+def _timed_runs(
+    generate: Callable[[list[str]], list[list[int]]], batch: int
+) -> tuple[float, list[list[int]]]:
+    """Output tok/s over every prompt, ``batch`` at a time, and the outputs (after one
+    unmeasured pass that compiles and warms the caches of both engines alike)."""
+    generate(PROMPTS[:batch])
+    outputs: list[list[int]] = []
+    started = time.perf_counter()
+    for first in range(0, len(PROMPTS), batch):
+        outputs += generate(PROMPTS[first : first + batch])
+    elapsed = time.perf_counter() - started
+    return sum(len(o) for o in outputs) / elapsed, outputs
+
+
+def quoting_infer(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    rows = []
+    plain_outputs: dict[int, list[list[int]]] = {}
+    for speculative in (None, NGRAM):
+        llm = LLM(str(folder), gpu_memory_utilization=0.3, speculative_config=speculative)
+
+        def generate(prompts: list[str], llm: LLM = llm) -> list[list[int]]:
+            results = llm.generate(prompts, params, use_tqdm=False)
+            return [r.outputs[0].token_ids for r in results]
+
+        for batch in (1, 8):
+            before = llm.engine.scheduler.speculation.as_dict()
+            tok_s, outputs = _timed_runs(generate, batch)
+            spec = llm.engine.scheduler.speculation
+            row = {"engine": "infer", "speculation": speculative is not None, "batch": batch}
+            row["output_tok_s"] = round(tok_s, 1)
+            if speculative is None:
+                plain_outputs[batch] = outputs
+            else:
+                row["identical_to_plain"] = outputs == plain_outputs[batch]
+                row["speculation_stats"] = spec.as_dict()
+                row["speculation_stats_before"] = before
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def quoting_vllm(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
+    from infer.bench.vllm_peer import import_vllm
+
+    vllm = import_vllm()
+    rows = []
+    for speculative in (None, NGRAM):
+        llm = vllm.LLM(
+            model=str(folder), gpu_memory_utilization=0.3, speculative_config=speculative
+        )
+        params = vllm.SamplingParams(temperature=0, max_tokens=max_tokens)
+
+        def generate(prompts: list[str], llm: Any = llm, params: Any = params) -> list[list[int]]:
+            return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+
+        for batch in (1, 8):
+            tok_s, _ = _timed_runs(generate, batch)
+            row = {"engine": "vllm", "speculation": speculative is not None, "batch": batch}
+            row["output_tok_s"] = round(tok_s, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+class _FixedProposer:
+    """Always ``k`` proposals (the last token again): the step's cost, whatever is accepted."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        return [token_ids[-1]] * min(self.k, max_tokens)
+
+
+class _AlwaysOpen:
+    """A gate that never steps aside (the proposals here are not meant to pay)."""
+
+    def is_open(self, batch_size: int) -> bool:
+        return True
+
+    def record(self, accepted: int) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+
+def _mean_decode_step_s(engine: Engine, batch: int, steps: int, prompt_len: int = 128) -> float:
+    """Mean wall time of the steps after the prompts (``batch`` rows decoding)."""
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(batch):
+        prompt = torch.randint(100, 30000, (prompt_len,), generator=generator).tolist()
+        engine.add_request(prompt, params)
+    times = []
+    while engine.has_unfinished_requests():
+        started = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - started)
+    decode = times[4:-4]  # past the prefill, before the last rows finish
+    return sum(decode) / len(decode)
+
+
+def break_even(ratio: float, k: int) -> float | None:
+    """The per-token acceptance rate at which ``k`` proposals pay for a step ``ratio``
+    times a plain one; None when even acceptance 1 (``k + 1`` tokens) does not."""
+    if ratio > k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        tokens = sum(mid**i for i in range(k + 1))
+        low, high = (mid, high) if tokens < ratio else (low, mid)
+    return round(high, 3)
+
+
+def verify_costs(model: str, steps: int) -> list[dict[str, Any]]:
+    rows = []
+    plain = LLM(model, load_format="dummy", gpu_memory_utilization=0.5)
+    base = {b: _mean_decode_step_s(plain.engine, b, steps) for b in (1, 8)}
+    del plain
+    gc.collect()
+    torch.cuda.empty_cache()
+    llm = LLM(
+        model,
+        load_format="dummy",
+        gpu_memory_utilization=0.5,
+        speculative_config={"num_speculative_tokens": 8},
+    )
+    llm.engine.scheduler.gate = _AlwaysOpen()
+    for k in range(1, 9):
+        llm.engine.scheduler.proposer = _FixedProposer(k)
+        for batch in (1, 8):
+            step_s = _mean_decode_step_s(llm.engine, batch, steps)
+            ratio = step_s / base[batch]
+            row = {
+                "k": k,
+                "batch": batch,
+                "plain_step_ms": round(base[batch] * 1e3, 3),
+                "verify_step_ms": round(step_s * 1e3, 3),
+                "ratio": round(ratio, 3),
+                "break_even_acceptance": break_even(ratio, k),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", type=Path, help="SmolLM2's GGUF (default: the embedded one)")
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/smollm2-hf"))
+    parser.add_argument("--parts", default="quoting,verify")
+    parser.add_argument("--dummy-model", default="llama-3.2-3b")
+    parser.add_argument("--vllm", action="store_true", help="also vLLM's n-gram speculation")
+    parser.add_argument("--max-tokens", type=int, default=256, help="outputs (verify: steps)")
+    parser.add_argument("--output", type=Path, default=Path("speculative.json"))
+    parser.add_argument("--scoreboard", action="store_true")
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    record: dict[str, Any] = {"ngram": NGRAM, "max_tokens": args.max_tokens}
+    if "quoting" in parts:
+        from infer.loader.presets import embedded_model_path
+
+        folder = hf_folder(args.gguf or embedded_model_path(), args.folder)
+        record["quoting"] = quoting_infer(folder, args.max_tokens)
+        if args.vllm:
+            record["quoting"] += quoting_vllm(folder, args.max_tokens)
+    if "verify" in parts:
+        record["verify"] = verify_costs(args.dummy_model, args.max_tokens)
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
+    if args.scoreboard and "quoting" in record:
+        figures = {
+            f"speculative/smollm2-135m/quoting/{r['engine']}/batch{r['batch']}/"
+            f"{'ngram' if r['speculation'] else 'plain'}/output_tok_s": (r["output_tok_s"], "tok/s")
+            for r in record["quoting"]
+        }
+        scoreboard.update_many(figures, sampling="greedy")
+    _print_table(record)
+
+
+def _print_table(record: dict[str, Any]) -> None:
+    for row in record.get("quoting", []):
+        spec = row.get("speculation_stats", {})
+        print(
+            f"{row['engine']:5} batch {row['batch']} {'ngram' if row['speculation'] else 'plain':5}"
+            f" {row['output_tok_s']:>9,.1f} tok/s  acceptance {spec.get('acceptance_rate', '-')}"
+            f"  identical {row.get('identical_to_plain', '-')}"
+        )
+    for row in record.get("verify", []):
+        print(
+            f"k={row['k']} batch {row['batch']}: {row['verify_step_ms']:.2f} ms vs "
+            f"{row['plain_step_ms']:.2f} ms ({row['ratio']:.2f}x), break-even acceptance "
+            f"{row['break_even_acceptance']}"
+        )
+
+
+if __name__ == "__main__":
+    main()

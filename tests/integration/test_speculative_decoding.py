@@ -1,0 +1,180 @@
+"""Speculative decoding end to end: n-gram proposals change no greedy or seeded output of
+the real SmolLM2 (batch 1 and 8, logprobs, stop strings), the sampled distribution is the
+target's (chi-square, with a proposer that is right about half the time), and no block is
+leaked."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from tests.conftest import chi_square_critical
+from tests.integration.conftest import metric
+
+from infer import LLM, SamplingParams
+from infer.server import build_server, serve_in_thread
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+QUOTING = [
+    "Copy this line exactly: the river rose at dawn and the mill wheel turned twice.\n"
+    "Copy: the river rose at dawn and the mill wheel turned twice.\nCopy:",
+    "def area(width, height):\n    return width * height\n\n"
+    "Rename width to w and height to h:\ndef area(w, h):\n    return",
+    "Alice: the train leaves at nine.\nBob: the train leaves at nine?\nAlice: yes, the train",
+    "List: apples, pears, plums, apples, pears, plums, apples, pears,",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,",
+    "Translate to French: good morning. Bonjour. Translate to French: good night.",
+    "Summarise: The committee met on Tuesday. The committee approved the budget.",
+]
+
+
+@pytest.fixture(scope="module")
+def speculating() -> Iterator[LLM]:
+    yield LLM(
+        "smollm2-135m",
+        num_gpu_blocks=512,
+        max_seq_len=2048,
+        max_batch_size=32,
+        speculative_config=NGRAM,
+    )
+
+
+def _outputs(llm: LLM, prompts: list[str], params: SamplingParams) -> list[Any]:
+    return [r.outputs[0] for r in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _assert_no_leaks(llm: LLM) -> None:
+    assert llm.engine.pool.audit_blocks() == [] and llm.engine.pool.used_blocks() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_outputs_are_those_without_speculation(
+    batch: int, smollm2_llm: LLM, speculating: LLM
+) -> None:
+    params = SamplingParams(temperature=0, max_tokens=48)
+    before = speculating.engine.scheduler.speculation.num_accepted_tokens
+    for start in range(0, len(QUOTING), batch):
+        prompts = QUOTING[start : start + batch]
+        plain = _outputs(smollm2_llm, prompts, params)
+        fast = _outputs(speculating, prompts, params)
+        assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+        assert [o.finish_reason for o in fast] == [o.finish_reason for o in plain]
+    assert speculating.engine.scheduler.speculation.num_accepted_tokens > before
+    _assert_no_leaks(speculating)
+
+
+@pytest.mark.slow
+def test_seeded_samples_and_their_logprobs_are_those_without_speculation(
+    smollm2_llm: LLM, speculating: LLM
+) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=40, logprobs=2)
+    plain = _outputs(smollm2_llm, QUOTING, params)
+    fast = _outputs(speculating, QUOTING, params)
+    assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+    for a, b in zip(fast, plain):
+        assert [e.token_id for e in a.logprobs] == [e.token_id for e in b.logprobs]
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert x.top.keys() == y.top.keys()
+    _assert_no_leaks(speculating)
+
+
+@pytest.mark.slow
+def test_stop_strings_cut_where_they_do_without_speculation(
+    smollm2_llm: LLM, speculating: LLM
+) -> None:
+    params = SamplingParams(temperature=0, max_tokens=60, stop=["twice", "nine"])
+    plain = _outputs(smollm2_llm, QUOTING[:3], params)
+    fast = _outputs(speculating, QUOTING[:3], params)
+    assert [(o.text, o.finish_reason) for o in fast] == [(o.text, o.finish_reason) for o in plain]
+    assert any(o.finish_reason == "stop" for o in fast)
+    _assert_no_leaks(speculating)
+
+
+# --- the sampled distribution ----------------------------------------------------------------
+PROMPT = [11, 42, 7, 99, 23, 5, 61, 17]
+TOP_K = 3
+DRAWS = 3000
+
+
+class _TableProposer:
+    """Proposes, after the first output, the most likely second one: the n-gram proposer
+    would rarely be right on random weights, and this one is about half the time, so both
+    an accepted and a rejected proposal are drawn often."""
+
+    def __init__(self, likeliest: dict[int, int]) -> None:
+        self.likeliest = likeliest
+
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        if len(token_ids) != len(PROMPT) + 1 or max_tokens < 1:
+            return []
+        return [self.likeliest[token_ids[-1]]]
+
+
+def _next_token_probabilities(llm: LLM, prefixes: list[list[int]]) -> list[dict[int, float]]:
+    """Each prefix's filtered next-token distribution (temperature 1, top-k), from the
+    unfiltered top logprobs of a run without speculation."""
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=TOP_K)
+    results = llm.generate(prefixes, params, use_tqdm=False)
+    tables = []
+    for result in results:
+        top = result.outputs[0].logprobs[0].top
+        total = sum(math.exp(v) for v in top.values())
+        tables.append({t: math.exp(v) / total for t, v in top.items()})
+    return tables
+
+
+def test_sampled_outputs_follow_the_targets_distribution(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    model = str(tiny_checkpoint("llama"))
+    options: dict[str, Any] = {"num_gpu_blocks": 2048, "max_seq_len": 64, "max_batch_size": 256}
+    plain = LLM(model, **options)
+    (first,) = _next_token_probabilities(plain, [PROMPT])
+    seconds = dict(zip(first, _next_token_probabilities(plain, [[*PROMPT, a] for a in first])))
+    pairs = [(a, b) for a in first for b in seconds[a]]
+    thirds = dict(zip(pairs, _next_token_probabilities(plain, [[*PROMPT, *p] for p in pairs])))
+    expected = {
+        (a, b, c): first[a] * seconds[a][b] * thirds[(a, b)][c]
+        for (a, b) in pairs
+        for c in thirds[(a, b)]
+    }
+
+    llm = LLM(model, **options, speculative_config={"num_speculative_tokens": 1})
+    likeliest = {a: max(table, key=table.__getitem__) for a, table in seconds.items()}
+    llm.engine.scheduler.proposer = _TableProposer(likeliest)  # type: ignore[assignment]
+    params = SamplingParams(temperature=1.0, top_k=TOP_K, max_tokens=3, ignore_eos=True)
+    results = llm.generate([PROMPT] * DRAWS, params, use_tqdm=False)
+    counts = Counter(tuple(r.outputs[0].token_ids) for r in results)
+
+    assert set(counts) <= set(expected), "a sequence outside the filtered support"
+    statistic = sum((counts[seq] - DRAWS * p) ** 2 / (DRAWS * p) for seq, p in expected.items())
+    assert statistic < chi_square_critical(len(expected) - 1)
+    stats = llm.engine.scheduler.speculation
+    assert 0.2 < stats.acceptance_rate < 0.9 and stats.num_verify_steps == DRAWS
+    _assert_no_leaks(llm)
+
+
+@pytest.mark.slow
+def test_the_server_speculates_and_reports_acceptance_in_metrics(speculating: LLM) -> None:
+    server = build_server(speculating.config, port=0, log_level="warning")
+    with serve_in_thread(server) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        reply = client.completions.create(
+            model="smollm2-135m", prompt=QUOTING[4], max_tokens=32, temperature=0
+        )
+        (plain,) = _outputs(speculating, [QUOTING[4]], SamplingParams(temperature=0, max_tokens=32))
+        assert reply.choices[0].text == plain.text
+        proposed = metric(url, "infer_spec_decode_num_draft_tokens_total")
+        accepted = metric(url, "infer_spec_decode_num_accepted_tokens_total")
+        assert 0 < accepted <= proposed
+        rate = metric(url, "infer_spec_decode_acceptance_rate")
+        assert rate == pytest.approx(accepted / proposed)
+        assert metric(url, "infer_spec_decode_mean_accepted_length") > 1
