@@ -32,6 +32,7 @@ import torch
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
 from infer.engine.engine import Engine
+from infer.engine.request import Request
 
 CODE = '''def parse_size(text):
     """Bytes in a size such as 10K, 3M or 2G."""
@@ -153,8 +154,11 @@ class _FixedProposer:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        return [token_ids[-1]] * min(self.k, max_tokens)
+    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        return [[r.token_ids[-1]] * min(self.k, limit) for r, limit in zip(requests, limits)]
+
+    def forget(self, request: Request) -> None:
+        pass
 
 
 class _AlwaysOpen:

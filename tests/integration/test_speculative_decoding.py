@@ -1,7 +1,7 @@
 """Speculative decoding end to end: n-gram proposals change no greedy or seeded output of
-the real SmolLM2 (batch 1 and 8, logprobs, stop strings), the sampled distribution is the
-target's (chi-square, with a proposer that is right about half the time), and no block is
-leaked."""
+the real SmolLM2 (batch 1 and 8, logprobs, penalties, stop strings, the server), the sampled
+distribution is the target's (chi-square, with a proposer that is right about half the
+time), and no block is leaked."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 from tests.conftest import chi_square_critical
 from tests.integration.conftest import metric
 
 from infer import LLM, SamplingParams
+from infer.engine.request import Request
+from infer.engine.speculation import SpeculationGate
 from infer.server import build_server, serve_in_thread
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
@@ -35,7 +38,7 @@ QUOTING = [
 
 
 @pytest.fixture(scope="module")
-def speculating() -> Iterator[LLM]:
+def speculating_engine() -> Iterator[LLM]:
     yield LLM(
         "smollm2-135m",
         num_gpu_blocks=512,
@@ -43,6 +46,15 @@ def speculating() -> Iterator[LLM]:
         max_batch_size=32,
         speculative_config=NGRAM,
     )
+
+
+@pytest.fixture
+def speculating(speculating_engine: LLM) -> LLM:
+    """The speculating engine with its gate open, whatever the tests before it gained."""
+    spec = speculating_engine.config.speculative_config
+    assert spec is not None
+    speculating_engine.engine.scheduler.gate = SpeculationGate(spec)
+    return speculating_engine
 
 
 def _outputs(llm: LLM, prompts: list[str], params: SamplingParams) -> list[Any]:
@@ -58,9 +70,9 @@ def _assert_no_leaks(llm: LLM) -> None:
 def test_greedy_outputs_are_those_without_speculation(
     batch: int, smollm2_llm: LLM, speculating: LLM
 ) -> None:
-    params = SamplingParams(temperature=0, max_tokens=48)
+    params = SamplingParams(temperature=0, max_tokens=32)
     before = speculating.engine.scheduler.speculation.num_accepted_tokens
-    for start in range(0, len(QUOTING), batch):
+    for start in range(0, len(QUOTING), batch * 2):  # batch 1: every other prompt
         prompts = QUOTING[start : start + batch]
         plain = _outputs(smollm2_llm, prompts, params)
         fast = _outputs(speculating, prompts, params)
@@ -74,7 +86,7 @@ def test_greedy_outputs_are_those_without_speculation(
 def test_seeded_samples_and_their_logprobs_are_those_without_speculation(
     smollm2_llm: LLM, speculating: LLM
 ) -> None:
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=40, logprobs=2)
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=24, logprobs=2)
     plain = _outputs(smollm2_llm, QUOTING, params)
     fast = _outputs(speculating, QUOTING, params)
     assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
@@ -83,6 +95,21 @@ def test_seeded_samples_and_their_logprobs_are_those_without_speculation(
         for x, y in zip(a.logprobs, b.logprobs):
             assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
             assert x.top.keys() == y.top.keys()
+    _assert_no_leaks(speculating)
+
+
+@pytest.mark.slow
+def test_penalised_samples_count_the_proposals_before_them(
+    smollm2_llm: LLM, speculating: LLM
+) -> None:
+    params = SamplingParams(
+        temperature=0.7, seed=3, max_tokens=24, repetition_penalty=1.1, frequency_penalty=0.1
+    )
+    before = speculating.engine.scheduler.speculation.num_accepted_tokens
+    plain = _outputs(smollm2_llm, QUOTING, params)
+    fast = _outputs(speculating, QUOTING, params)
+    assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+    assert speculating.engine.scheduler.speculation.num_accepted_tokens > before
     _assert_no_leaks(speculating)
 
 
@@ -112,10 +139,14 @@ class _TableProposer:
     def __init__(self, likeliest: dict[int, int]) -> None:
         self.likeliest = likeliest
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        if len(token_ids) != len(PROMPT) + 1 or max_tokens < 1:
-            return []
-        return [self.likeliest[token_ids[-1]]]
+    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        return [
+            [self.likeliest[r.token_ids[-1]]] if r.num_tokens == len(PROMPT) + 1 and limit else []
+            for r, limit in zip(requests, limits)
+        ]
+
+    def forget(self, request: Request) -> None:
+        pass
 
 
 def _next_token_probabilities(llm: LLM, prefixes: list[list[int]]) -> list[dict[int, float]]:
@@ -149,7 +180,7 @@ def test_sampled_outputs_follow_the_targets_distribution(
 
     llm = LLM(model, **options, speculative_config={"num_speculative_tokens": 1})
     likeliest = {a: max(table, key=table.__getitem__) for a, table in seconds.items()}
-    llm.engine.scheduler.proposer = _TableProposer(likeliest)  # type: ignore[assignment]
+    llm.engine.scheduler.proposer = _TableProposer(likeliest)
     params = SamplingParams(temperature=1.0, top_k=TOP_K, max_tokens=3, ignore_eos=True)
     results = llm.generate([PROMPT] * DRAWS, params, use_tqdm=False)
     counts = Counter(tuple(r.outputs[0].token_ids) for r in results)
@@ -163,14 +194,17 @@ def test_sampled_outputs_follow_the_targets_distribution(
 
 
 @pytest.mark.slow
-def test_the_server_speculates_and_reports_acceptance_in_metrics(speculating: LLM) -> None:
+def test_the_server_speculates_and_reports_acceptance_in_metrics(
+    smollm2_llm: LLM, speculating: LLM
+) -> None:
     server = build_server(speculating.config, port=0, log_level="warning")
     with serve_in_thread(server) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         reply = client.completions.create(
-            model="smollm2-135m", prompt=QUOTING[4], max_tokens=32, temperature=0
+            model="smollm2-135m", prompt=QUOTING[3], max_tokens=32, temperature=0
         )
-        (plain,) = _outputs(speculating, [QUOTING[4]], SamplingParams(temperature=0, max_tokens=32))
+        params = SamplingParams(temperature=0, max_tokens=32)
+        (plain,) = _outputs(smollm2_llm, [QUOTING[3]], params)
         assert reply.choices[0].text == plain.text
         proposed = metric(url, "infer_spec_decode_num_draft_tokens_total")
         accepted = metric(url, "infer_spec_decode_num_accepted_tokens_total")
@@ -178,3 +212,32 @@ def test_the_server_speculates_and_reports_acceptance_in_metrics(speculating: LL
         rate = metric(url, "infer_spec_decode_acceptance_rate")
         assert rate == pytest.approx(accepted / proposed)
         assert metric(url, "infer_spec_decode_mean_accepted_length") > 1
+
+
+# --- a draft model ---------------------------------------------------------------------------
+@pytest.mark.parametrize("draft", ["llama", "qwen3"])
+def test_a_draft_model_changes_no_output_and_frees_both_caches(
+    draft: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    target = str(tiny_checkpoint("llama"))
+    options: dict[str, Any] = {"num_gpu_blocks": 256, "max_seq_len": 128, "block_size": 4}
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 320, (n,), generator=generator).tolist() for n in (5, 17, 30, 9)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=20, seed=9, max_tokens=40, ignore_eos=True),
+    ]
+    plain = LLM(target, **options)
+    spec = {"model": str(tiny_checkpoint(draft)), "num_speculative_tokens": 3}
+    llm = LLM(target, **options, speculative_config=spec)
+    assert llm.engine.draft is not None
+    stats = llm.engine.scheduler.speculation
+    for p in params:
+        expected = [r.outputs[0].token_ids for r in plain.generate(prompts, p, use_tqdm=False)]
+        outputs = [r.outputs[0].token_ids for r in llm.generate(prompts, p, use_tqdm=False)]
+        assert outputs == expected
+        if draft == "llama" and p.greedy:  # the target itself agrees with its greedy choices
+            assert stats.acceptance_rate > 0.95
+    assert stats.num_draft_tokens > 0  # (random weights: another family's draft never agrees)
+    _assert_no_leaks(llm)
+    assert llm.engine.draft.rank.pool.used_blocks() == 0

@@ -48,6 +48,19 @@ def test_tp2_equals_tp1_on_tiny_checkpoints(
     assert_same(generate(model, 1, PROMPTS), generate(model, 2, PROMPTS))
 
 
+def test_tp2_with_ngram_speculation_equals_tp1(tiny_checkpoint: Callable[[str], Path]) -> None:
+    """Every rank runs the proposals the rank 0 scheduler adds (the same step inputs)."""
+    model = str(tiny_checkpoint("llama"))
+    ngram = {"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    llm = LLM(model, tensor_parallel_size=2, max_seq_len=256, speculative_config=ngram, **OPTIONS)
+    try:
+        split = [r.outputs[0] for r in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        assert llm.engine.scheduler.speculation.num_accepted_tokens > 0
+    finally:
+        llm.engine.close()
+    assert_same(generate(model, 1, PROMPTS), split)
+
+
 def test_tp3_equals_tp1_on_smollm2(smollm2_llm: LLM) -> None:
     """TP=1 is the session's shared SmolLM2 (float32 on the CPU, like the TP=3 engine)."""
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]

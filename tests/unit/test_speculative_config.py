@@ -29,6 +29,15 @@ def test_one_lookup_bound_sets_both_and_none_gives_vllms_default() -> None:
     assert (default.prompt_lookup_min, default.prompt_lookup_max) == (5, 5)
 
 
+def test_a_model_means_a_draft_model() -> None:
+    spec = SpeculativeConfig.parse({"model": "smollm2-135m", "num_speculative_tokens": 3})
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == (
+        "draft_model",
+        "smollm2-135m",
+        3,
+    )
+
+
 def test_engine_config_parses_the_cli_text_and_llm_dict() -> None:
     config = EngineConfig(device="cpu", speculative_config='{"num_speculative_tokens": 2}')  # type: ignore[arg-type]
     assert config.speculative_config == SpeculativeConfig(num_speculative_tokens=2)
@@ -54,7 +63,12 @@ def test_engine_config_parses_the_cli_text_and_llm_dict() -> None:
         ),
         ({"num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
         ({"num_speculative_tokens": 2, "lookahead": 1}, "speculative_config.lookahead"),
-        ({"model": "draft", "num_speculative_tokens": 2}, "speculative_config.model"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
+        (
+            {"method": "ngram", "model": "x", "num_speculative_tokens": 2},
+            "speculative_config.model",
+        ),
+        ({"model": "", "num_speculative_tokens": 2}, "speculative_config.model"),
     ],
 )
 def test_bad_settings_raise_naming_the_setting(value: object, named: str) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.bitmask import Bitmask, start_bitmask
+from infer.engine.draft_proposer import DraftModelProposer
 from infer.engine.grammar_cache import StructuredOutputs
 from infer.engine.output import request_output
 from infer.engine.pacing import LaunchPacer, StepShape
@@ -26,6 +27,7 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
+from infer.engine.speculation import NgramProposer, Proposer
 from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
@@ -79,8 +81,12 @@ class Engine:
             from infer.engine.tp_worker import start_workers  # tp=1 starts no process group
 
             self.workers, group = start_workers(config)
+        self.draft: DraftModelProposer | None = None
         try:
             context = config.resolved_max_seq_len(self.model_config)
+            spec = config.speculative_config
+            if spec is not None and spec.model is not None:  # first: the target takes the rest
+                self.draft = DraftModelProposer.build(config, context, self.device)
             rank = build_rank(config, self.source, self.model_config, context, self.device, group)
         except Exception:
             self.close(check_workers=True)
@@ -89,7 +95,7 @@ class Engine:
         self.max_seq_len = rank.max_seq_len
         self.tokenizer = self._load_tokenizer()
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
-        self.scheduler = Scheduler(config, self.pool, self.max_seq_len)
+        self.scheduler = Scheduler(config, self.pool, self.max_seq_len, self._proposer())
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self.pacer = (
             LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
@@ -123,6 +129,12 @@ class Engine:
                     workers.check_alive(grace_s=2.0)
             finally:
                 workers.stop()
+
+    def _proposer(self) -> Proposer | None:
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        return self.draft if self.draft is not None else NgramProposer(spec)
 
     def _load_tokenizer(self) -> Tokenizer | None:
         path = self.config.tokenizer or self.source.tokenizer_path

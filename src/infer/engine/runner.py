@@ -55,6 +55,7 @@ class ForwardedStep:
     requests: list[Request]  # the rows that sample, in order (a request's proposals: several)
     logits: Tensor  # [B, V] on the device
     output_indices: list[int]  # which output of its request each row samples
+    proposed: list[list[int]]  # the proposed tokens before each row (speculation)
 
 
 @dataclass
@@ -159,9 +160,13 @@ class ModelRunner:
         sampling = scheduled.chunks_that_sample()
         if not sampling:
             return None
-        rows = [(c.request, c.output_index + i) for c in sampling for i in range(c.num_samples)]
-        requests, output_indices = zip(*rows, strict=True)
-        return ForwardedStep(list(requests), logits, list(output_indices))
+        rows = [
+            (c.request, c.output_index + i, c.proposals[:i])
+            for c in sampling
+            for i in range(c.num_samples)
+        ]
+        requests, output_indices, proposed = zip(*rows, strict=True)
+        return ForwardedStep(list(requests), logits, list(output_indices), list(proposed))
 
     @torch.inference_mode()
     def sample(self, forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
@@ -173,7 +178,12 @@ class ModelRunner:
             out = greedy(logits, sampling, self.vocab_size, self.device, bitmask)
         else:
             batch = SamplingBatch.from_requests(
-                sampling, self.vocab_size, self.device, bitmask, forwarded.output_indices
+                sampling,
+                self.vocab_size,
+                self.device,
+                bitmask,
+                forwarded.output_indices,
+                forwarded.proposed,
             )
             out = sample(logits, batch)
         return _copy_to_host(out, sampling)

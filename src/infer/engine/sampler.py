@@ -38,11 +38,13 @@ class SamplingBatch:
         device: torch.device,
         bitmask: Bitmask | None = None,
         output_indices: list[int] | None = None,
+        proposed: list[list[int]] | None = None,
     ) -> SamplingBatch:
         """``bitmask``: the constrained rows' masks, when their filling was started earlier
         (``bitmask.start_bitmask``); otherwise they are filled now. ``output_indices``:
         which output each row samples (a seeded row's noise and ``min_tokens`` follow it;
-        default: the one after its known outputs)."""
+        default: the one after its known outputs). ``proposed``: each row's proposed tokens
+        before it (speculation), which its penalties count as outputs."""
         params = [r.params for r in requests]
         if output_indices is None:
             output_indices = [r.num_output_tokens for r in requests]
@@ -69,7 +71,7 @@ class SamplingBatch:
         )
         return cls(
             rows=rows,
-            penalties=_Penalties.build(requests, device),
+            penalties=_Penalties.build(requests, device, proposed),
             bias=_LogitBias.build(requests, device),
             banned=_banned_tokens(requests, output_indices, device),
             mask=token_mask(requests, vocab_size, device, bitmask),
@@ -95,11 +97,14 @@ class _Penalties:
     counted: Tensor  # [B, O] 1 for an output token, 0 for padding
 
     @classmethod
-    def build(cls, requests: list[Request], device: torch.device) -> _Penalties | None:
+    def build(
+        cls, requests: list[Request], device: torch.device, proposed: list[list[int]] | None
+    ) -> _Penalties | None:
         if not any(r.params.needs_penalties for r in requests):
             return None
         p = [r.params for r in requests]
-        outputs = [r.output_token_ids for r in requests]
+        proposed = proposed or [[] for _ in requests]
+        outputs = [r.output_token_ids + extra for r, extra in zip(requests, proposed)]
         values = torch.tensor(
             [
                 [q.repetition_penalty, q.presence_penalty * bool(o), q.frequency_penalty]
@@ -113,7 +118,7 @@ class _Penalties:
             values[:, :1],
             values[:, 1:2],
             values[:, 2:3],
-            _repeat_padded([r.token_ids for r in requests], device),
+            _repeat_padded([r.token_ids + extra for r, extra in zip(requests, proposed)], device),
             _repeat_padded(outputs, device),
             counted.to(device),
         )

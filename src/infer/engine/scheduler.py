@@ -42,7 +42,7 @@ from infer.engine.grammar import GRAMMAR_FIELD
 from infer.engine.output import record_token
 from infer.engine.request import Request, RequestState, TokenLogprob
 from infer.engine.speculation import (
-    NgramProposer,
+    Proposer,
     SpeculationGate,
     SpeculationStats,
     accepted_length,
@@ -133,7 +133,15 @@ class StepResult:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: CachePoolProtocol, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: CachePoolProtocol,
+        max_seq_len: int,
+        proposer: Proposer | None = None,
+    ) -> None:
+        """``proposer``: where speculative steps' proposals come from (needs the config's
+        ``speculative_config``)."""
         self.config = config
         self.pool = pool
         self.max_seq_len = max_seq_len
@@ -142,8 +150,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.preemptions = 0
         spec = config.speculative_config
-        self.proposer = None if spec is None else NgramProposer(spec)
-        self.gate = None if spec is None else SpeculationGate(spec)
+        self.proposer = proposer
+        self.gate = None if spec is None or proposer is None else SpeculationGate(spec)
         self.speculation = SpeculationStats()
 
     # --- queue ---------------------------------------------------------------------------
@@ -181,7 +189,9 @@ class Scheduler:
         suspect = self._first_suspect()
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
-        self._fill(out, ahead=False, speculate=self._speculates())
+        self._fill(out, ahead=False)
+        if self._speculates():
+            self._add_proposals(out)
         return out
 
     def _speculates(self) -> bool:
@@ -208,7 +218,7 @@ class Scheduler:
             return None
         self.retire()
         out = SchedulerOutput()
-        self._fill(out, ahead=True, speculate=False)
+        self._fill(out, ahead=True)
         if not out.chunks:
             if out.failed:  # failed at admission: reported with the step in flight
                 return out
@@ -225,15 +235,13 @@ class Scheduler:
         """A request recovering from a failed step (it runs alone, synchronously)."""
         return next((r for r in itertools.chain(self.running, self.waiting) if r.suspect), None)
 
-    def _fill(self, out: SchedulerOutput, *, ahead: bool, speculate: bool) -> None:
+    def _fill(self, out: SchedulerOutput, *, ahead: bool) -> None:
         """Running requests first (a decode token or the next chunk), then admissions,
         within the step's budget. ``ahead``: a placeholder that ends its request is not
-        continued, and a shortage of blocks stops the step instead of preempting.
-        ``speculate``: decoding rows run proposals after their token where blocks allow."""
+        continued, and a shortage of blocks stops the step instead of preempting."""
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
-        out.speculative = speculate
         for request in list(self.running):
             if request.state is not RequestState.RUNNING or budget == 0:
                 continue
@@ -242,56 +250,60 @@ class Scheduler:
             num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
             if num_tokens == 0:
                 continue
-            proposals = self._propose(request, budget) if speculate and num_tokens == 1 else []
             if not self._make_room(request, num_tokens, out, ahead=ahead):
                 if out.needs_host:
                     return
                 continue
-            self._add_chunk(out, request, num_tokens, proposals)
-            budget -= out.chunks[-1].num_tokens
+            self._add_chunk(out, request, num_tokens)
+            budget -= num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills, decodes)
 
-    def _propose(self, request: Request, budget: int) -> list[int]:
-        """Tokens to check after the request's next one: within the budget, its length and
-        free blocks (proposals never preempt), none where sampling reads the output so far
-        on the host (a grammar's mask, penalties)."""
-        assert self.proposer is not None and request.seq_id is not None
-        if request.params.needs_output_tokens:
-            return []
-        limit = self.max_seq_len - request.num_tokens - 1
+    def _add_proposals(self, out: SchedulerOutput) -> None:
+        """Proposed tokens after each decoding row's token, within the step's budget, the
+        requests' lengths and free blocks (proposals never preempt); none under a grammar
+        (its masks would have to follow them)."""
+        assert self.proposer is not None and self.config.speculative_config is not None
+        out.speculative = True
+        wanted = self.config.speculative_config.num_speculative_tokens
+        rows = [
+            c
+            for c in out.chunks
+            if c.samples and c.num_tokens == 1 and c.request.params.structured_outputs is None
+        ]
+        limits = [min(wanted, self._room_to_grow(c.request)) for c in rows]
+        budget = self.token_budget - out.num_tokens
+        for chunk, proposals in zip(rows, self.proposer.propose([c.request for c in rows], limits)):
+            proposals = proposals[: max(budget, 0)]
+            seq_id = chunk.request.seq_id
+            assert seq_id is not None
+            if not proposals or not self.pool.prepare_append(seq_id, 1 + len(proposals)):
+                continue
+            chunk.proposals = proposals
+            chunk.num_tokens += len(proposals)
+            self.pool.advance(seq_id, len(proposals))
+            budget -= len(proposals)
+
+    def _room_to_grow(self, request: Request) -> int:
+        """Tokens the request may still produce after its next one."""
+        room = self.max_seq_len - request.num_tokens - 1
         if request.params.max_tokens is not None:
-            limit = min(limit, request.params.max_tokens - request.num_output_tokens - 1)
-        spec = self.config.speculative_config
-        assert spec is not None
-        wanted = min(spec.num_speculative_tokens, budget - 1, limit)
-        proposals = self.proposer.propose(request.token_ids, wanted)
-        if proposals and not self.pool.prepare_append(request.seq_id, 1 + len(proposals)):
-            return []
-        return proposals
+            room = min(room, request.params.max_tokens - request.num_output_tokens - 1)
+        return room
 
     def _ends_in_flight(self, request: Request) -> bool:
         """Whether the token in flight is the request's last by length."""
         return request.reaches_length(request.num_tokens_with_pending, self.max_seq_len)
 
-    def _add_chunk(
-        self,
-        out: SchedulerOutput,
-        request: Request,
-        num_tokens: int,
-        proposals: list[int] | None = None,
-    ) -> None:
+    def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
         assert request.seq_id is not None
-        proposals = proposals or []
         start = self.pool.get_seq_len(request.seq_id)
         samples = start + num_tokens == request.num_tokens_with_pending
-        out.chunks.append(
-            ScheduledChunk(request, start, num_tokens + len(proposals), samples, proposals)
-        )
+        out.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
         if request.prompt_logprobs is not None:
             out.scores_prompts = True
-        self.pool.advance(request.seq_id, num_tokens + len(proposals))
+        self.pool.advance(request.seq_id, num_tokens)
         request.num_placeholders += samples
 
     def _schedule_alone(self, request: Request, out: SchedulerOutput) -> bool:
@@ -360,6 +372,8 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         request.num_placeholders = 0
+        if self.proposer is not None:
+            self.proposer.forget(request)
         if request.seq_id is not None:
             self.pool.free_sequence(request.seq_id)
             request.seq_id = None

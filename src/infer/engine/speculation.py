@@ -19,11 +19,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from infer.speculative_config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from infer.engine.request import Request
 
 # The gate: over the last ``_WINDOW`` steps that could speculate, fewer than ``_MIN_GAIN``
 # accepted tokens a step do not pay for giving up scheduling ahead; it closes for
@@ -31,6 +35,18 @@ from infer.speculative_config import SpeculativeConfig
 _WINDOW = 16
 _MIN_GAIN = 0.25
 _PAUSE = 64
+
+
+class Proposer(Protocol):
+    """Where proposals come from (``NgramProposer``, ``DraftModelProposer``)."""
+
+    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        """Up to ``limits[i]`` tokens that may follow each request's known tokens."""
+        ...
+
+    def forget(self, request: Request) -> None:
+        """The request left the running batch (finished or preempted)."""
+        ...
 
 
 class NgramProposer:
@@ -41,7 +57,13 @@ class NgramProposer:
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        return [self.lookup(r.token_ids, limit) for r, limit in zip(requests, limits)]
+
+    def forget(self, request: Request) -> None:
+        pass  # it keeps nothing
+
+    def lookup(self, token_ids: list[int], max_tokens: int) -> list[int]:
         length = len(token_ids)
         if max_tokens <= 0 or length <= self.min_n:
             return []

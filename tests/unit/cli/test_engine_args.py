@@ -69,3 +69,11 @@ def test_fp8_flags_reach_the_config() -> None:
     assert (config.quantization, config.kv_cache_dtype) == ("fp8", "fp8")
     default = config_from([])
     assert (default.quantization, default.kv_cache_dtype) == (None, "auto")
+
+
+def test_speculative_config_is_json_as_in_vllm() -> None:
+    text = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
+    spec = config_from(["--speculative-config", text]).speculative_config
+    assert spec is not None and (spec.num_speculative_tokens, spec.prompt_lookup_max) == (3, 2)
+    with pytest.raises(ValueError, match=r"speculative_config\.num_speculative_tokens"):
+        config_from(["--speculative-config", '{"num_speculative_tokens": 0}'])

@@ -7,8 +7,9 @@ import pytest
 from infer.cache import PagedKVCachePool, SlottedKVCache, paged
 from infer.config import EngineConfig
 from infer.engine.request import Request, RequestState
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput, StepResult
+from infer.engine.speculation import NgramProposer
 
 
 def _pool(blocks: int, block_size: int = 1, prefix: bool = False) -> PagedKVCachePool:
@@ -309,8 +310,10 @@ NGRAM = {"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max
 REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5]  # ends in 5: 6, 7, 8 followed it last time
 
 
-def _speculating(pool: PagedKVCachePool, **options: object) -> Scheduler:
-    return _scheduler(pool, speculative_config=NGRAM, **options)
+def _speculating(pool: PagedKVCachePool) -> Scheduler:
+    config = EngineConfig(device="cpu", use_prefix_caching=False, speculative_config=NGRAM)  # type: ignore[arg-type]
+    assert config.speculative_config is not None
+    return Scheduler(config, pool, 4096, NgramProposer(config.speculative_config))
 
 
 def _decoding(scheduler: Scheduler, prompt: list[int], **params: object) -> Request:
@@ -379,11 +382,15 @@ def test_proposals_stay_within_max_tokens() -> None:
     assert chunk.proposals == [6]
 
 
-def test_rows_whose_sampling_reads_their_output_do_not_speculate() -> None:
+def test_rows_under_a_grammar_do_not_speculate_and_penalised_ones_do() -> None:
+    scheduler = _speculating(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.proposals == [] and chunk.num_tokens == 1
     scheduler = _speculating(_pool(100, block_size=4))
     _decoding(scheduler, REPEATING, repetition_penalty=1.2)
     (chunk,) = scheduler.schedule().chunks
-    assert chunk.proposals == [] and chunk.num_tokens == 1
+    assert chunk.proposals == [6, 7, 8]
 
 
 def test_proposals_never_preempt() -> None:

@@ -22,36 +22,36 @@ def _proposer(low: int = 1, high: int = 3) -> NgramProposer:
 
 def test_proposes_what_followed_the_latest_earlier_occurrence_of_the_ending() -> None:
     tokens = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 2, 3]
-    assert _proposer().propose(tokens, 3) == [7, 8, 6]  # [2, 3] last seen before 7
+    assert _proposer().lookup(tokens, 3) == [7, 8, 6]  # [2, 3] last seen before 7
 
 
 def test_the_longest_matching_ending_wins() -> None:
     tokens = [5, 1, 2, 3, 40, 41, 9, 2, 3, 50, 51, 5, 1, 2, 3]
     # [2, 3] last occurred before 50, but [1, 2, 3] (longer) before 40.
-    assert _proposer().propose(tokens, 2) == [40, 41]
+    assert _proposer().lookup(tokens, 2) == [40, 41]
 
 
 def test_proposals_stop_at_the_end_of_the_sequence_and_at_the_limit() -> None:
     proposer = _proposer()
-    assert proposer.propose([7, 8, 9, 7, 8], 4) == [9, 7, 8]
-    assert proposer.propose([7, 8, 9, 7, 8], 1) == [9]
-    assert proposer.propose([7, 8, 9, 7, 8], 0) == []
+    assert proposer.lookup([7, 8, 9, 7, 8], 4) == [9, 7, 8]
+    assert proposer.lookup([7, 8, 9, 7, 8], 1) == [9]
+    assert proposer.lookup([7, 8, 9, 7, 8], 0) == []
 
 
 def test_no_proposal_without_a_match_or_below_the_shortest_ngram() -> None:
-    assert _proposer().propose([1, 2, 3, 4, 5], 4) == []
-    assert _proposer(low=3, high=3).propose([9, 1, 2, 9, 1, 2, 9, 2], 4) == []
-    assert _proposer(low=3, high=3).propose([1, 2], 4) == []
+    assert _proposer().lookup([1, 2, 3, 4, 5], 4) == []
+    assert _proposer(low=3, high=3).lookup([9, 1, 2, 9, 1, 2, 9, 2], 4) == []
+    assert _proposer(low=3, high=3).lookup([1, 2], 4) == []
 
 
 def test_the_latest_occurrence_with_a_whole_proposal_after_it_is_taken() -> None:
     tokens = [1, 2, 10, 11, 1, 2, 20, 1, 2]
-    assert _proposer(2, 2).propose(tokens, 3) == [20, 1, 2]
-    assert _proposer(2, 2).propose(tokens, 4) == [10, 11, 1, 2]  # three follow the later
+    assert _proposer(2, 2).lookup(tokens, 3) == [20, 1, 2]
+    assert _proposer(2, 2).lookup(tokens, 4) == [10, 11, 1, 2]  # three follow the later
 
 
 def test_a_repeated_token_proposes_its_run() -> None:
-    assert _proposer().propose([4] * 6, 2) == [4, 4]
+    assert _proposer().lookup([4] * 6, 2) == [4, 4]
 
 
 @pytest.mark.parametrize(
