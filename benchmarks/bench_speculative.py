@@ -13,8 +13,8 @@
     python benchmarks/bench_speculative.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
         --parts quoting,verify [--vllm] [--output F.json] [--scoreboard]
 
-The GGUF is converted once by transformers into an HF folder (``--folder``) that both
-engines load, so they run the same weights.
+The GGUF is dequantised once into an HF folder (``--folder``, bf16) that both engines
+load, so they run the same weights.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import gc
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ import torch
 
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
+from infer.bench.checkpoint import write_gguf_checkpoint
 from infer.engine.engine import Engine
 from infer.engine.request import Request
+from infer.engine.speculation import SpeculationStats
 
 CODE = '''def parse_size(text):
     """Bytes in a size such as 10K, 3M or 2G."""
@@ -61,34 +64,21 @@ PROMPTS = [
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
 
-def hf_folder(gguf: Path, folder: Path) -> Path:
-    """The GGUF's weights and tokenizer as an HF folder (bf16), made once."""
-    if (folder / "config.json").is_file():
-        return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
-    )
-    model.save_pretrained(str(folder))
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(
-        str(folder)
-    )
-    return folder
-
-
 def _timed_runs(
-    generate: Callable[[list[str]], list[list[int]]], batch: int
-) -> tuple[float, list[list[int]]]:
-    """Output tok/s over every prompt, ``batch`` at a time, and the outputs (after one
-    unmeasured pass that compiles and warms the caches of both engines alike)."""
+    generate: Callable[[list[str]], list[list[int]]], batch: int, engine: Engine | None = None
+) -> tuple[float, list[list[int]], SpeculationStats]:
+    """Output tok/s over every prompt, ``batch`` at a time, the outputs and (for infer) what
+    speculation did meanwhile; after one unmeasured pass that compiles and warms the caches
+    of both engines alike."""
     generate(PROMPTS[:batch])
+    before = replace(engine.scheduler.speculation) if engine else SpeculationStats()
     outputs: list[list[int]] = []
     started = time.perf_counter()
     for first in range(0, len(PROMPTS), batch):
         outputs += generate(PROMPTS[first : first + batch])
     elapsed = time.perf_counter() - started
-    return sum(len(o) for o in outputs) / elapsed, outputs
+    spec = engine.scheduler.speculation.since(before) if engine else SpeculationStats()
+    return sum(len(o) for o in outputs) / elapsed, outputs, spec
 
 
 def quoting_infer(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
@@ -103,9 +93,7 @@ def quoting_infer(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
             return [r.outputs[0].token_ids for r in results]
 
         for batch in (1, 8):
-            before = llm.engine.scheduler.speculation.as_dict()
-            tok_s, outputs = _timed_runs(generate, batch)
-            spec = llm.engine.scheduler.speculation
+            tok_s, outputs, spec = _timed_runs(generate, batch, llm.engine)
             row = {"engine": "infer", "speculation": speculative is not None, "batch": batch}
             row["output_tok_s"] = round(tok_s, 1)
             if speculative is None:
@@ -113,7 +101,6 @@ def quoting_infer(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
             else:
                 row["identical_to_plain"] = outputs == plain_outputs[batch]
                 row["speculation_stats"] = spec.as_dict()
-                row["speculation_stats_before"] = before
             rows.append(row)
             print(json.dumps(row), flush=True)
         del llm
@@ -137,7 +124,7 @@ def quoting_vllm(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
         for batch in (1, 8):
-            tok_s, _ = _timed_runs(generate, batch)
+            tok_s, _, _ = _timed_runs(generate, batch)
             row = {"engine": "vllm", "speculation": speculative is not None, "batch": batch}
             row["output_tok_s"] = round(tok_s, 1)
             rows.append(row)
@@ -251,7 +238,7 @@ def main() -> None:
     if "quoting" in parts:
         from infer.loader.presets import embedded_model_path
 
-        folder = hf_folder(args.gguf or embedded_model_path(), args.folder)
+        folder = write_gguf_checkpoint(args.folder, args.gguf or embedded_model_path())
         record["quoting"] = quoting_infer(folder, args.max_tokens)
         if args.vllm:
             record["quoting"] += quoting_vllm(folder, args.max_tokens)

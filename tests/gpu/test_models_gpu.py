@@ -159,6 +159,17 @@ def test_cuda_graphs_and_engine_modes_change_nothing(
     )
 
 
+@pytest.mark.parametrize("family", CONFIGS)
+def test_speculation_changes_nothing(family: str, checkpoints: dict[str, str]) -> None:
+    """N-gram and draft-model proposals checked in graphed verification steps (the draft is
+    the same dummy checkpoint, so it mostly agrees)."""
+    path = checkpoints[family]
+    plain = _generate(path)
+    ngram = {"num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert _generate(path, speculative_config=ngram) == plain
+    assert _generate(path, speculative_config={"model": path, "num_speculative_tokens": 3}) == plain
+
+
 def _prompt_logprobs(path: str, **options: Any) -> list[list[float]]:
     """Each prompt's scores (``prompt_logprobs``), asked after the prompts ran once (with
     prefix caching their blocks are cached: a scoring request must compute them anyway)."""

@@ -53,10 +53,39 @@ def write_checkpoint(
 
 def write_smollm2_tokenizer(folder: Path) -> None:
     """SmolLM2-135M-Instruct's tokenizer and chat template, saved in transformers' format."""
-    tokenizer = Tokenizer.load(embedded_model_path())
+    write_gguf_tokenizer(folder, embedded_model_path())
+
+
+def write_gguf_tokenizer(folder: Path, gguf: Path) -> None:
+    """A GGUF's tokenizer and chat template, saved in transformers' format."""
+    tokenizer = Tokenizer.load(gguf)
     if tokenizer is None:
-        raise ValueError("tokenizer: the embedded SmolLM2 GGUF has no vocabulary")
+        raise ValueError(f"tokenizer: {gguf} has no vocabulary")
     tokenizer.hf.save_pretrained(str(folder))
+
+
+def write_gguf_checkpoint(folder: Path, gguf: Path) -> Path:
+    """A GGUF's real weights dequantised to bf16, its config and tokenizer, as an HF folder
+    that any engine loads (kept as it is when already complete)."""
+    from safetensors.torch import save_file
+
+    from infer.loader.gguf import GGUFFile
+    from infer.models.registry import MODEL_CLASSES
+
+    if is_complete(folder, "safetensors"):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    source = GGUFFile(gguf)
+    config = source.hf_config()
+    # What transformers and vLLM pick the class by (infer's classes carry HF's names).
+    config["architectures"] = [MODEL_CLASSES[config["model_type"]].__name__]
+    config["torch_dtype"] = "bfloat16"
+    heads = config["num_attention_heads"], config["num_key_value_heads"]
+    tensors = {name: t.to(torch.bfloat16).contiguous() for name, t in source.tensors(*heads)}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    write_gguf_tokenizer(folder, gguf)
+    return folder
 
 
 def write_random_weights(folder: Path, config: dict[str, object], seed: int) -> None:
