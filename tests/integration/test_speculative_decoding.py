@@ -6,6 +6,7 @@ time), and no block is leaked."""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.integration.conftest import metric
 
 from infer import LLM, SamplingParams
 from infer.engine.request import Request
+from infer.engine.sampling_params import StructuredOutputsParams
 from infer.engine.speculation import SpeculationGate
 from infer.server import build_server, serve_in_thread
 
@@ -110,6 +112,24 @@ def test_penalised_samples_count_the_proposals_before_them(
     fast = _outputs(speculating, QUOTING, params)
     assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
     assert speculating.engine.scheduler.speculation.num_accepted_tokens > before
+    _assert_no_leaks(speculating)
+
+
+@pytest.mark.slow
+def test_constrained_rows_follow_their_grammar_through_proposals(
+    smollm2_llm: LLM, speculating: LLM
+) -> None:
+    """Each proposed position samples under the grammar's mask after the proposals before
+    it (the prompt also offers "green", which the grammar forbids)."""
+    prompt = "Colours: red, green, blue, red, green, blue, red, green, blue, red,"
+    constraint = StructuredOutputsParams(regex=r"( (red|blue),)+")
+    params = SamplingParams(temperature=0, max_tokens=24, structured_outputs=constraint)
+    before = speculating.engine.scheduler.speculation.num_draft_tokens
+    (plain,) = _outputs(smollm2_llm, [prompt], params)
+    (fast,) = _outputs(speculating, [prompt], params)
+    assert fast.token_ids == plain.token_ids and fast.finish_reason == plain.finish_reason
+    assert re.fullmatch(r"( (red|blue),)*( (red|blue)?)?", fast.text) is not None, fast.text
+    assert speculating.engine.scheduler.speculation.num_draft_tokens > before
     _assert_no_leaks(speculating)
 
 

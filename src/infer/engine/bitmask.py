@@ -78,24 +78,37 @@ def start_bitmask(
     vocab_size: int,
     device: torch.device,
     pending: Mapping[str, int] | None = None,
+    proposed: list[list[int]] | None = None,
 ) -> Bitmask | None:
     """Start filling the masks of a step's constrained rows (None when no row is): in the
     background, each matcher first consumes the request's output tokens it has not seen,
     and ``pending`` (request id → a token sampled for it that the host has not recorded
     yet), then llguidance's threads fill the masks, while the caller goes on. A row whose
     request has finished (its sampling was deferred, ``Engine.step``) gets no mask: its
-    token will be dropped."""
+    token will be dropped. ``proposed``: each row's proposed tokens before it (speculation:
+    a request's rows follow each other); its mask is the grammar's after them, and a row
+    after a proposal the grammar forbids allows everything (its sample cannot stand)."""
     rows = [i for i, r in enumerate(requests) if r.grammar is not None and not r.is_finished]
     if not rows:
         return None
     pending = pending or {}
-    words = (vocab_size + 31) // 32
-    bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
+    proposed = proposed or [[] for _ in requests]
     catch_ups = []
-    for i in rows:
+    slots = []  # each matcher's first row among ``rows``
+    drafts: list[list[int]] = []  # the proposals its later rows follow
+    for n, i in enumerate(rows):
         request = requests[i]
         assert request.grammar is not None
+        if proposed[i]:
+            drafts[-1] = proposed[i]
+            continue
         catch_ups.append(request.grammar.catch_up(request, pending.get(request.request_id)))
+        slots.append(n)
+        drafts.append([])
+    words = (vocab_size + 31) // 32
+    bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
+    if any(drafts):  # rows after a forbidden proposal are not written
+        bits.fill_(-1)
 
     # Matchers of one lexer side by side: llguidance's threads split the list into runs,
     # so a thread mostly takes the lock of a lexer no other thread is using.
@@ -104,13 +117,18 @@ def start_bitmask(
     def fill() -> float:
         start = time.perf_counter()
         _catch_up([catch_ups[k] for k in by_lexer])
-        if len(catch_ups) == 1:
+        if any(drafts):  # each draft's mask after the slot before it, the matcher rolled back
+            with_drafts = [(catch_ups[k].matcher, slots[k], drafts[k]) for k in by_lexer]
+            _executor().unsafe_compute_mask_ptr_with_draft_token(
+                with_drafts, bits.data_ptr(), words * 4, len(rows)
+            )
+        elif len(catch_ups) == 1:
             catch_ups[0].matcher.unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
         else:
-            matchers = [(catch_ups[k].matcher, k) for k in by_lexer]
+            matchers = [(catch_ups[k].matcher, slots[k]) for k in by_lexer]
             _executor().unsafe_compute_mask_ptr(matchers, bits.data_ptr(), words * 4, len(rows))
         for k in [k for k, c in enumerate(catch_ups) if c.matcher.is_error()]:
-            request = requests[rows[k]]
+            request = requests[rows[slots[k]]]
             assert request.grammar is not None
             request.grammar.fail(request, catch_ups[k].matcher)
         return time.perf_counter() - start

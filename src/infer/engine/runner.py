@@ -175,7 +175,9 @@ class ModelRunner:
         filling was started earlier (``bitmask``)."""
         sampling, logits = forwarded.requests, forwarded.logits
         if all(r.greedy_argmax for r in sampling):  # no settings to gather
-            out = greedy(logits, sampling, self.vocab_size, self.device, bitmask)
+            out = greedy(
+                logits, sampling, self.vocab_size, self.device, bitmask, forwarded.proposed
+            )
         else:
             batch = SamplingBatch.from_requests(
                 sampling,

@@ -74,7 +74,7 @@ class SamplingBatch:
             penalties=_Penalties.build(requests, device, proposed),
             bias=_LogitBias.build(requests, device),
             banned=_banned_tokens(requests, output_indices, device),
-            mask=token_mask(requests, vocab_size, device, bitmask),
+            mask=token_mask(requests, vocab_size, device, bitmask, proposed),
             num_logprobs=max(requested) if requested else None,
         )
 
@@ -175,10 +175,11 @@ def token_mask(
     vocab_size: int,
     device: torch.device,
     started: Bitmask | None = None,
+    proposed: list[list[int]] | None = None,
 ) -> TokenMask | None:
     """The tokens each constrained row's grammar allows next, one bit per token (filled on
     the host by ``bitmask.start_bitmask``); None when no row is constrained."""
-    started = started or start_bitmask(requests, vocab_size, device)
+    started = started or start_bitmask(requests, vocab_size, device, proposed=proposed)
     if started is None:
         return None
     constrained, bits = started.result()
@@ -221,12 +222,13 @@ def greedy(
     vocab_size: int,
     device: torch.device,
     bitmask: Bitmask | None = None,
+    proposed: list[list[int]] | None = None,
 ) -> SamplerOutput:
     """Each row's argmax, within its grammar's mask if it has one: the whole of sampling
     when every row is ``Request.greedy_argmax``, without a ``SamplingBatch`` (gathering
-    every row's settings costs the host a noticeable share of a wide step). ``bitmask`` as
-    for ``SamplingBatch.from_requests``."""
-    mask = token_mask(requests, vocab_size, device, bitmask)
+    every row's settings costs the host a noticeable share of a wide step). ``bitmask`` and
+    ``proposed`` as for ``SamplingBatch.from_requests``."""
+    mask = token_mask(requests, vocab_size, device, bitmask, proposed)
     if mask is None:
         return SamplerOutput(logits.argmax(dim=-1))
     return SamplerOutput(sample_filtered(logits, RowSettings.greedy(len(requests), device), mask))

@@ -262,16 +262,11 @@ class Scheduler:
 
     def _add_proposals(self, out: SchedulerOutput) -> None:
         """Proposed tokens after each decoding row's token, within the step's budget, the
-        requests' lengths and free blocks (proposals never preempt); none under a grammar
-        (its masks would have to follow them)."""
+        requests' lengths and free blocks (proposals never preempt)."""
         assert self.proposer is not None and self.config.speculative_config is not None
         out.speculative = True
         wanted = self.config.speculative_config.num_speculative_tokens
-        rows = [
-            c
-            for c in out.chunks
-            if c.samples and c.num_tokens == 1 and c.request.params.structured_outputs is None
-        ]
+        rows = [c for c in out.chunks if c.samples and c.num_tokens == 1]
         limits = [min(wanted, self._room_to_grow(c.request)) for c in rows]
         budget = self.token_budget - out.num_tokens
         for chunk, proposals in zip(rows, self.proposer.propose([c.request for c in rows], limits)):

@@ -382,15 +382,13 @@ def test_proposals_stay_within_max_tokens() -> None:
     assert chunk.proposals == [6]
 
 
-def test_rows_under_a_grammar_do_not_speculate_and_penalised_ones_do() -> None:
-    scheduler = _speculating(_pool(100, block_size=4))
-    _decoding(scheduler, REPEATING, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
-    (chunk,) = scheduler.schedule().chunks
-    assert chunk.proposals == [] and chunk.num_tokens == 1
-    scheduler = _speculating(_pool(100, block_size=4))
-    _decoding(scheduler, REPEATING, repetition_penalty=1.2)
-    (chunk,) = scheduler.schedule().chunks
-    assert chunk.proposals == [6, 7, 8]
+def test_rows_under_a_grammar_or_penalties_speculate_too() -> None:
+    grammar = {"structured_outputs": StructuredOutputsParams(regex="[0-9]+")}
+    for params in (grammar, {"repetition_penalty": 1.2}):
+        scheduler = _speculating(_pool(100, block_size=4))
+        _decoding(scheduler, REPEATING, **params)
+        (chunk,) = scheduler.schedule().chunks
+        assert chunk.proposals == [6, 7, 8]
 
 
 def test_proposals_never_preempt() -> None:
