@@ -64,8 +64,11 @@ PROMPTS = [
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
 
+Generate = Callable[[list[str]], list[list[int]]]
+
+
 def _timed_runs(
-    generate: Callable[[list[str]], list[list[int]]], batch: int, engine: Engine | None = None
+    generate: Generate, batch: int, engine: Engine | None = None
 ) -> tuple[float, list[list[int]], SpeculationStats]:
     """Output tok/s over every prompt, ``batch`` at a time, the outputs and (for infer) what
     speculation did meanwhile; after one unmeasured pass that compiles and warms the caches
@@ -81,58 +84,58 @@ def _timed_runs(
     return sum(len(o) for o in outputs) / elapsed, outputs, spec
 
 
-def quoting_infer(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+def quoting(engine: str, folder: Path, max_tokens: int) -> list[dict[str, Any]]:
+    """One engine on the quoting prompts, without speculation and with it."""
     rows = []
-    plain_outputs: dict[int, list[list[int]]] = {}
+    plain: dict[int, list[list[int]]] = {}
     for speculative in (None, NGRAM):
-        llm = LLM(str(folder), gpu_memory_utilization=0.3, speculative_config=speculative)
+        generate, infer_engine = _quoting_engine(engine, folder, speculative, max_tokens)
+        for batch in (1, 8):
+            tok_s, outputs, spec = _timed_runs(generate, batch, infer_engine)
+            row: dict[str, Any] = {
+                "engine": engine,
+                "speculation": speculative is not None,
+                "batch": batch,
+                "output_tok_s": round(tok_s, 1),
+            }
+            if speculative is None:
+                plain[batch] = outputs
+            else:
+                row["identical_to_plain"] = outputs == plain[batch]
+                if infer_engine is not None:
+                    row["speculation_stats"] = spec.as_dict()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del generate, infer_engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
 
-        def generate(prompts: list[str], llm: LLM = llm) -> list[list[int]]:
+
+def _quoting_engine(
+    engine: str, folder: Path, speculative: dict[str, Any] | None, max_tokens: int
+) -> tuple[Generate, Engine | None]:
+    """Greedy generation by ``engine`` (infer or vllm) on the folder's weights, and infer's
+    engine (for its speculation counts)."""
+    if engine == "infer":
+        llm = LLM(str(folder), gpu_memory_utilization=0.3, speculative_config=speculative)
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+
+        def generate(prompts: list[str]) -> list[list[int]]:
             results = llm.generate(prompts, params, use_tqdm=False)
             return [r.outputs[0].token_ids for r in results]
 
-        for batch in (1, 8):
-            tok_s, outputs, spec = _timed_runs(generate, batch, llm.engine)
-            row = {"engine": "infer", "speculation": speculative is not None, "batch": batch}
-            row["output_tok_s"] = round(tok_s, 1)
-            if speculative is None:
-                plain_outputs[batch] = outputs
-            else:
-                row["identical_to_plain"] = outputs == plain_outputs[batch]
-                row["speculation_stats"] = spec.as_dict()
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-    return rows
-
-
-def quoting_vllm(folder: Path, max_tokens: int) -> list[dict[str, Any]]:
+        return generate, llm.engine
     from infer.bench.vllm_peer import import_vllm
 
     vllm = import_vllm()
-    rows = []
-    for speculative in (None, NGRAM):
-        llm = vllm.LLM(
-            model=str(folder), gpu_memory_utilization=0.3, speculative_config=speculative
-        )
-        params = vllm.SamplingParams(temperature=0, max_tokens=max_tokens)
+    peer = vllm.LLM(model=str(folder), gpu_memory_utilization=0.3, speculative_config=speculative)
+    peer_params = vllm.SamplingParams(temperature=0, max_tokens=max_tokens)
 
-        def generate(prompts: list[str], llm: Any = llm, params: Any = params) -> list[list[int]]:
-            return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    def generate_peer(prompts: list[str]) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in peer.generate(prompts, peer_params)]
 
-        for batch in (1, 8):
-            tok_s, _, _ = _timed_runs(generate, batch)
-            row = {"engine": "vllm", "speculation": speculative is not None, "batch": batch}
-            row["output_tok_s"] = round(tok_s, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-    return rows
+    return generate_peer, None
 
 
 class _FixedProposer:
@@ -161,9 +164,12 @@ class _AlwaysOpen:
         pass
 
 
-def _mean_decode_step_s(engine: Engine, batch: int, steps: int, prompt_len: int = 128) -> float:
-    """Mean wall time of the steps after the prompts (``batch`` rows decoding)."""
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+def _mean_decode_step_s(
+    engine: Engine, batch: int, steps: int, k: int = 0, prompt_len: int = 128
+) -> float:
+    """Mean wall time of the steps after the prompts (``batch`` rows decoding; outputs
+    long enough for ``steps`` steps even where all ``k`` proposals are accepted)."""
+    params = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
     generator = torch.Generator().manual_seed(0)
     for _ in range(batch):
         prompt = torch.randint(100, 30000, (prompt_len,), generator=generator).tolist()
@@ -207,7 +213,7 @@ def verify_costs(model: str, steps: int) -> list[dict[str, Any]]:
     for k in range(1, 9):
         llm.engine.scheduler.proposer = _FixedProposer(k)
         for batch in (1, 8):
-            step_s = _mean_decode_step_s(llm.engine, batch, steps)
+            step_s = _mean_decode_step_s(llm.engine, batch, steps, k)
             ratio = step_s / base[batch]
             row = {
                 "k": k,
@@ -239,9 +245,8 @@ def main() -> None:
         from infer.loader.presets import embedded_model_path
 
         folder = write_gguf_checkpoint(args.folder, args.gguf or embedded_model_path())
-        record["quoting"] = quoting_infer(folder, args.max_tokens)
-        if args.vllm:
-            record["quoting"] += quoting_vllm(folder, args.max_tokens)
+        engines = ["infer", "vllm"] if args.vllm else ["infer"]
+        record["quoting"] = [r for e in engines for r in quoting(e, folder, args.max_tokens)]
     if "verify" in parts:
         record["verify"] = verify_costs(args.dummy_model, args.max_tokens)
     args.output.write_text(json.dumps(record, indent=1) + "\n")

@@ -63,6 +63,15 @@ def _outputs(llm: LLM, prompts: list[str], params: SamplingParams) -> list[Any]:
     return [r.outputs[0] for r in llm.generate(prompts, params, use_tqdm=False)]
 
 
+def _same_tokens(
+    plain_llm: LLM, fast_llm: LLM, prompts: list[str], params: SamplingParams
+) -> tuple[list[Any], list[Any]]:
+    """Both engines' outputs, which must be the same tokens."""
+    plain, fast = _outputs(plain_llm, prompts, params), _outputs(fast_llm, prompts, params)
+    assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+    return plain, fast
+
+
 def _assert_no_leaks(llm: LLM) -> None:
     assert llm.engine.pool.audit_blocks() == [] and llm.engine.pool.used_blocks() == 0
 
@@ -75,10 +84,7 @@ def test_greedy_outputs_are_those_without_speculation(
     params = SamplingParams(temperature=0, max_tokens=32)
     before = speculating.engine.scheduler.speculation.num_accepted_tokens
     for start in range(0, len(QUOTING), batch * 2):  # batch 1: every other prompt
-        prompts = QUOTING[start : start + batch]
-        plain = _outputs(smollm2_llm, prompts, params)
-        fast = _outputs(speculating, prompts, params)
-        assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+        plain, fast = _same_tokens(smollm2_llm, speculating, QUOTING[start : start + batch], params)
         assert [o.finish_reason for o in fast] == [o.finish_reason for o in plain]
     assert speculating.engine.scheduler.speculation.num_accepted_tokens > before
     _assert_no_leaks(speculating)
@@ -89,9 +95,7 @@ def test_seeded_samples_and_their_logprobs_are_those_without_speculation(
     smollm2_llm: LLM, speculating: LLM
 ) -> None:
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=24, logprobs=2)
-    plain = _outputs(smollm2_llm, QUOTING, params)
-    fast = _outputs(speculating, QUOTING, params)
-    assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+    plain, fast = _same_tokens(smollm2_llm, speculating, QUOTING, params)
     for a, b in zip(fast, plain):
         assert [e.token_id for e in a.logprobs] == [e.token_id for e in b.logprobs]
         for x, y in zip(a.logprobs, b.logprobs):
@@ -108,9 +112,7 @@ def test_penalised_samples_count_the_proposals_before_them(
         temperature=0.7, seed=3, max_tokens=24, repetition_penalty=1.1, frequency_penalty=0.1
     )
     before = speculating.engine.scheduler.speculation.num_accepted_tokens
-    plain = _outputs(smollm2_llm, QUOTING, params)
-    fast = _outputs(speculating, QUOTING, params)
-    assert [o.token_ids for o in fast] == [o.token_ids for o in plain]
+    _same_tokens(smollm2_llm, speculating, QUOTING, params)
     assert speculating.engine.scheduler.speculation.num_accepted_tokens > before
     _assert_no_leaks(speculating)
 
@@ -125,9 +127,8 @@ def test_constrained_rows_follow_their_grammar_through_proposals(
     constraint = StructuredOutputsParams(regex=r"( (red|blue),)+")
     params = SamplingParams(temperature=0, max_tokens=24, structured_outputs=constraint)
     before = speculating.engine.scheduler.speculation.num_draft_tokens
-    (plain,) = _outputs(smollm2_llm, [prompt], params)
-    (fast,) = _outputs(speculating, [prompt], params)
-    assert fast.token_ids == plain.token_ids and fast.finish_reason == plain.finish_reason
+    (plain,), (fast,) = _same_tokens(smollm2_llm, speculating, [prompt], params)
+    assert fast.finish_reason == plain.finish_reason
     assert re.fullmatch(r"( (red|blue),)*( (red|blue)?)?", fast.text) is not None, fast.text
     assert speculating.engine.scheduler.speculation.num_draft_tokens > before
     _assert_no_leaks(speculating)
