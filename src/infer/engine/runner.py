@@ -55,7 +55,7 @@ class ForwardedStep:
     requests: list[Request]  # the rows that sample, in order (a request's proposals: several)
     logits: Tensor  # [B, V] on the device
     output_indices: list[int]  # which output of its request each row samples
-    proposed: list[list[int]]  # the proposed tokens before each row (speculation)
+    proposed: list[list[int]] | None  # the proposed tokens before each row (speculation)
 
 
 @dataclass
@@ -160,12 +160,15 @@ class ModelRunner:
         sampling = scheduled.chunks_that_sample()
         if not sampling:
             return None
-        rows = [
+        if not scheduled.speculative:  # one row per chunk (the usual step: kept lean)
+            rows = [c.request for c in sampling]
+            return ForwardedStep(rows, logits, [c.output_index for c in sampling], None)
+        expanded = [
             (c.request, c.output_index + i, c.proposals[:i])
             for c in sampling
             for i in range(c.num_samples)
         ]
-        requests, output_indices, proposed = zip(*rows, strict=True)
+        requests, output_indices, proposed = zip(*expanded, strict=True)
         return ForwardedStep(list(requests), logits, list(output_indices), list(proposed))
 
     @torch.inference_mode()

@@ -437,45 +437,54 @@ class Scheduler:
         proposals keeps the samples ``accepted_length`` allows; the cache forgets the rest."""
         now = time.perf_counter()
         accepted = []
-        gained = 0
+        accepted_before = self.speculation.num_accepted_tokens
         first = 0
         sampling = scheduled.chunks_that_sample()
         for chunk in sampling:
-            request, count = chunk.request, chunk.num_samples
-            token_ids = result.token_ids[first : first + count]
-            logprobs = result.logprobs[first : first + count]
+            request, count = chunk.request, 1 + len(chunk.proposals)
+            if not request.is_finished:
+                request.num_placeholders -= 1
+                if request.suspect:
+                    request.suspect = False  # it ran a whole step alone without failing
+                kept = 1
+                if count > 1:
+                    kept = self._accept(chunk, result.token_ids[first : first + count])
+                accepted.append(self._record(request, result, first, kept, now))
             first += count
-            if request.is_finished:
-                continue
-            request.num_placeholders -= 1
-            if request.suspect:
-                request.suspect = False  # it ran a whole step alone without failing
-            kept = accepted_length(chunk.proposals, token_ids)
-            if chunk.proposals:
-                gained += kept - 1
-                self.speculation.record(len(chunk.proposals), kept - 1)
-                assert request.seq_id is not None
-                self.pool.rewind(request.seq_id, count - kept)
-            new = SampledTokens(request, [], [], "")
-            for token_id, logprob in zip(token_ids[:kept], logprobs[:kept]):
-                if logprob is not None:
-                    request.logprobs.append(logprob)
-                    new.logprobs.append(logprob)
-                new.token_ids.append(token_id)
-                new.text += record_token(request, token_id, now, self.max_seq_len)
-                if request.is_finished:
-                    request.num_placeholders = 0  # a token queued after its end is not wanted
-                    break
-            accepted.append(new)
         if scheduled.speculative and any(c.proposals or c.num_tokens == 1 for c in sampling):
-            assert self.gate is not None
-            self.gate.record(gained)  # a step with decoding rows, which could speculate
+            assert self.gate is not None  # a step with decoding rows, which could speculate
+            self.gate.record(self.speculation.num_accepted_tokens - accepted_before)
         for chunk in scheduled.chunks:
             request = chunk.request
             if request.seq_id is not None and not request.is_finished:
                 # Placeholders sit at or past the computed length, which is all it reads.
                 self.pool.index_blocks(request.seq_id, request.token_ids)
         return accepted
+
+    def _accept(self, chunk: ScheduledChunk, samples: list[int]) -> int:
+        """How many of a speculative chunk's samples stand; the cache forgets the rest."""
+        kept = accepted_length(chunk.proposals, samples)
+        self.speculation.record(len(chunk.proposals), kept - 1)
+        assert chunk.request.seq_id is not None
+        self.pool.rewind(chunk.request.seq_id, len(samples) - kept)
+        return kept
+
+    def _record(
+        self, request: Request, result: StepResult, first: int, kept: int, now: float
+    ) -> SampledTokens:
+        """Record the request's ``kept`` samples from row ``first`` on, until one ends it."""
+        new = SampledTokens(request, [], [], "")
+        for row in range(first, first + kept):
+            token_id, logprob = result.token_ids[row], result.logprobs[row]
+            if logprob is not None:
+                request.logprobs.append(logprob)
+                new.logprobs.append(logprob)
+            new.token_ids.append(token_id)
+            new.text += record_token(request, token_id, now, self.max_seq_len)
+            if request.is_finished:
+                request.num_placeholders = 0  # a token queued after its end is not wanted
+                break
+        return new
 
     def recover(self, requests: list[Request], error: str) -> list[Request]:
         """Take back the requests of a step that raised; returns those that fail for it.
