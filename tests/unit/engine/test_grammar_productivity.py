@@ -98,6 +98,14 @@ NON_EMPTY = [
         "grammar", 'root ::= list\nlist ::= item ("," item)*\nitem ::= [a-z]+\n'
     ),
     llguidance.grammar_from("grammar", 'root ::= "a" root | "b"\n'),
+    llguidance.grammar_from(  # JSON in GBNF: recursion through values, arrays and objects
+        "grammar",
+        'root ::= value\nvalue ::= object | array | string | number | "true" | "null"\n'
+        'object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}"\n'
+        'array ::= "[" ws ( value ("," ws value)* )? "]"\n'
+        'string ::= "\\"" [^"\\\\]* "\\""\nnumber ::= "-"? [0-9]+ ("." [0-9]+)?\n'
+        "ws ::= [ \\t\\n]{0,20}\n",
+    ),
     llguidance.grammar_from("json", {"$ref": "#"}),  # JSON: llguidance's first mask judges it
     llguidance.grammar_from("regex", "a+"),
     llguidance.grammar_from("choice", ["yes", "no"]),
