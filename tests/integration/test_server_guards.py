@@ -53,6 +53,8 @@ EMPTY_LANGUAGES = [
     ),
     ("grammar", "start: a b\na: b\nb: a\n"),
     ("grammar", 'start: "a" x\nx: "b" x\n'),  # forced and endless: "abbb..."
+    ("grammar", 'start: a | b\na: "x" a\nb: "y" b\n'),  # a choice, then endless either way
+    ("grammar", 'start: "a" x\nx: y\ny: x\n'),  # "a", then a rule no text ends
     ("regex", "[a&&b]"),
 ]
 
@@ -67,10 +69,10 @@ def test_a_constraint_no_output_can_satisfy_is_a_400_before_generation(
 
 
 def test_a_grammar_that_dead_ends_mid_generation_ends_with_an_error(url: str) -> None:
-    """``"a"`` then a rule no text ends: the first mask allows "a", the next has nothing
-    (the engine's failed matcher, ``StructuredOutputs.take_failed``), never an empty
-    success."""
-    dead_end = 'start: "a" x\nx: y\ny: x\n'
+    """A letter then a rule no text ends, or an unlikely "QQQQ": the language is not empty,
+    so the request is admitted; the model's letter leaves the next mask with nothing (the
+    engine's failed matcher, ``StructuredOutputs.take_failed``), never an empty success."""
+    dead_end = 'start: /[a-z ]/ x | "QQQQ"\nx: y\ny: x\n'
     response = _complete(url, structured_outputs={"grammar": dead_end})
     assert "structured_outputs" in _refused(response, "structured_outputs")
     with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={

@@ -17,6 +17,7 @@ import llguidance
 import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
 
+from infer.engine.grammar_productivity import describe_empty_language, empty_language_rules
 from infer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ def language_error(grammar: str, tokenizer: LLTokenizer) -> str | None:
     llguidance reports as an error when it computes the first mask. One that forces every
     token and never ends (``a: "x" a``) passes that mask: following its forced output,
     llguidance gives up past its own limit (tens of thousands of bytes), so no reply ends it.
+    One that offers a choice first (``start: a | b`` where neither ends) passes both, so its
+    rules are checked for one that ends (``grammar_productivity``).
     """
     matcher = LLMatcher(tokenizer, grammar, log_level=0)
     if not matcher.is_error():
@@ -118,6 +121,9 @@ def language_error(grammar: str, tokenizer: LLTokenizer) -> str | None:
         matcher.consume_tokens(forced)
     if matcher.is_error():
         return "its forced output never ends: " + _llguidance_error(matcher)
+    endless = empty_language_rules(grammar)
+    if endless:
+        return "its language is empty: " + one_line(describe_empty_language(endless))
     return None
 
 

@@ -357,6 +357,12 @@ def test_empty_and_endless_languages_have_no_satisfying_reply(tokenizer: Tokeniz
 
     assert (error("start: a b\na: b\nb: a\n") or "").startswith("its language is empty")
     assert (error('start: a\na: "x" a\n') or "").startswith("its forced output never ends")
+    choice = 'start: a | b\na: "x" a\nb: "y" b\n'  # the first mask offers "x" and "y"
+    assert error(choice) == (
+        "its language is empty: rules start, a, b never end "
+        "(each of their alternatives needs one of them)"
+    )
+    assert error(choice.replace('"y" b', '"y" b | "z"')) is None
     assert error('start: "x"+') is None
     assert error(f'start: "{"y" * 300}"') is None  # forced all the way, and then it ends
     assert error('start: "a" /[0-9]+/') is None
