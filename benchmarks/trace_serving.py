@@ -48,13 +48,13 @@ def _trace_api(path: Path) -> None:
     """Time each request's reservation (its HTTP request parsed and validated), its start
     (sent to the engine, from the tokenizer thread) and its first dispatched token, in the
     API process."""
-    from infer.server import async_engine
+    from infer.server import engine_client
 
     out = path.open("a")
     lock = threading.Lock()
-    reserve = async_engine.AsyncEngine.reserve
-    start_job = async_engine.AsyncEngine.start_job
-    add = async_engine.Job._add
+    reserve = engine_client.EngineClient.reserve
+    start_job = engine_client.EngineClient.start_job
+    add = engine_client.Job._add
 
     def write(event: str, job_id: str) -> None:
         line = json.dumps({"ev": event, "t": time.perf_counter(), "id": job_id}) + "\n"
@@ -76,9 +76,9 @@ def _trace_api(path: Path) -> None:
                 out.flush()
         return add(self, index, token_ids, *args)
 
-    async_engine.AsyncEngine.reserve = traced_reserve  # type: ignore[method-assign]
-    async_engine.AsyncEngine.start_job = traced_start  # type: ignore[method-assign]
-    async_engine.Job._add = traced_add  # type: ignore[method-assign]
+    engine_client.EngineClient.reserve = traced_reserve  # type: ignore[method-assign]
+    engine_client.EngineClient.start_job = traced_start  # type: ignore[method-assign]
+    engine_client.Job._add = traced_add  # type: ignore[method-assign]
 
 
 def serve(model: str, port: int, out: Path, engine_args: dict[str, Any]) -> None:

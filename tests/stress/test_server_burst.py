@@ -15,7 +15,7 @@ import pytest
 
 from infer import EngineConfig
 from infer.server import build_server, serve_in_thread
-from infer.server.async_engine import AsyncEngine
+from infer.server.engine_client import EngineClient
 from infer.server.standin import TOKEN_TEXT, standin_engine
 from infer.tokenizer import Tokenizer
 
@@ -25,22 +25,22 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def added() -> Iterator[list[int]]:
-    """How many sequences each message to the engine added (``AsyncEngine.flush``)."""
+    """How many sequences each message to the engine added (``EngineClient.flush``)."""
     sizes: list[int] = []
-    flush = AsyncEngine.flush
+    flush = EngineClient.flush
 
-    def counting(engine: AsyncEngine) -> None:
+    def counting(engine: EngineClient) -> None:
         if engine._adds:
             sizes.append(len(engine._adds))
         flush(engine)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(AsyncEngine, "flush", counting)
+        patch.setattr(EngineClient, "flush", counting)
         yield sizes
 
 
 @pytest.fixture(scope="module")
-def served(added: list[int]) -> Iterator[tuple[str, AsyncEngine]]:
+def served(added: list[int]) -> Iterator[tuple[str, EngineClient]]:
     config = EngineConfig(model="smollm2-135m", device="cpu", max_batch_size=BURST)
     factory = partial(standin_engine, step_s=0.002)
     server = build_server(config, port=0, log_level="warning", engine_factory=factory)
@@ -56,7 +56,9 @@ def prompts(tokenizer: Tokenizer) -> list[str]:
     ]
 
 
-def test_a_burst_of_streamed_completions(served: tuple[str, AsyncEngine], added: list[int]) -> None:
+def test_a_burst_of_streamed_completions(
+    served: tuple[str, EngineClient], added: list[int]
+) -> None:
     url, engine = served
     tokenizer = engine.prompts.tokenizer
     assert tokenizer is not None
@@ -88,7 +90,7 @@ def test_a_burst_of_streamed_completions(served: tuple[str, AsyncEngine], added:
     assert len(added) < BURST  # some arrived together: fewer messages than requests
 
 
-def test_a_burst_of_streamed_chats(served: tuple[str, AsyncEngine]) -> None:
+def test_a_burst_of_streamed_chats(served: tuple[str, EngineClient]) -> None:
     url, engine = served
     tokenizer = engine.prompts.tokenizer
     assert tokenizer is not None

@@ -1,5 +1,5 @@
 """The FastAPI app: ``create_app(config, ...)`` wires the OpenAI endpoints, health,
-Prometheus metrics and cache statistics around an ``AsyncEngine``."""
+Prometheus metrics and cache statistics around an ``EngineClient``."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
 from infer.server.api_workers import ApiWorkers
-from infer.server.async_engine import AsyncEngine, EngineStoppedError
 from infer.server.auth import APIKeyMiddleware
 from infer.server.body_limit import BodyLimit
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
 from infer.server.dashboard import install_dashboard
+from infer.server.engine_client import EngineClient, EngineStoppedError
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
@@ -82,13 +82,13 @@ def create_app(
     and its constraint is checked by ``grammar_workers`` processes, each check cut off
     after ``grammar_timeout`` seconds (``grammar_check.py``).
 
-    ``app.state.engine`` is the ``AsyncEngine`` (the launcher drains it on shutdown);
+    ``app.state.engine`` is the ``EngineClient`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
-    ``link`` and ``in_flight`` are the ``AsyncEngine``'s (several API processes, see
+    ``link`` and ``in_flight`` are the ``EngineClient``'s (several API processes, see
     ``api_workers.py``); ``workers``, started and stopped by the lifespan around the engine,
     are the API workers of the process that starts the engine.
     """
-    engine = AsyncEngine(config, request_timeout, engine_factory, link, in_flight)
+    engine = EngineClient(config, request_timeout, engine_factory, link, in_flight)
     model_name = served_model_name or config.model
     metrics = ServerMetrics(lambda: engine.snapshot)
     created = int(time.time())

@@ -11,7 +11,7 @@ from jinja2 import TemplateError
 
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.server.async_engine import AsyncEngine, ChoiceUpdate
+from infer.server.engine_client import ChoiceUpdate, EngineClient
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.prompt_batcher import OnEncoded, PromptOptions
@@ -63,7 +63,7 @@ class ChatServing(OpenAIServing):
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.server.async_engine import ChoiceUpdate
 from infer.server.echo import PromptEcho
+from infer.server.engine_client import ChoiceUpdate
 from infer.server.prompt_batcher import OnEncoded, PromptOptions
 from infer.server.protocol import (
     CompletionChoice,

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from infer.dashboard.frame import frame
 from infer.dashboard.page import render_page
 from infer.engine.watch import EngineView
-from infer.server.async_engine import AsyncEngine
+from infer.server.engine_client import EngineClient
 from infer.server.sse import dumps
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ STREAM_PATH = "/dashboard/stream"
 class DashboardFeed:
     """Fans the engine's frames out to the open streams; polls only while one is open."""
 
-    def __init__(self, engine: AsyncEngine, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, engine: EngineClient, interval_s: float = INTERVAL_S) -> None:
         self._engine = engine
         self._interval_s = interval_s
         self._queues: set[asyncio.Queue[str | None]] = set()
@@ -81,7 +81,7 @@ def _offer(queue: asyncio.Queue[str | None], item: str | None) -> None:
     queue.put_nowait(item)
 
 
-def install_dashboard(app: FastAPI, engine: AsyncEngine, model_name: str) -> None:
+def install_dashboard(app: FastAPI, engine: EngineClient, model_name: str) -> None:
     """Serve the page and its stream (behind ``--api-key`` like the rest: ``auth.py``)."""
     feed = DashboardFeed(engine)
     page = render_page(f"infer · {model_name}", {"live": STREAM_PATH})

@@ -41,7 +41,7 @@ def engine_pipes(count: int) -> tuple[list[PipeEnds], list[PipeEnds]]:
 
 @dataclass(frozen=True)
 class EngineLink:
-    """What an ``AsyncEngine`` reaches the engine through: its own ends (``api``) and, in the
+    """What an ``EngineClient`` reaches the engine through: its own ends (``api``) and, in the
     process that starts the engine, the engine's ends of every API process's pipes, its own
     first (``engine``; None in an API worker, whose engine is already running)."""
 

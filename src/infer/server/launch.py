@@ -43,10 +43,10 @@ import uvicorn
 from infer.config import EngineConfig
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
-from infer.server.async_engine import AsyncEngine
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits, ServerConfig
+from infer.server.engine_client import EngineClient
 from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
@@ -79,7 +79,7 @@ class Server(uvicorn.Server):
     def __init__(
         self,
         config: ServerConfig,
-        engine: AsyncEngine,
+        engine: EngineClient,
         shutdown_timeout: float,
         listener: socket.socket,
         workers: ApiWorkers | None = None,

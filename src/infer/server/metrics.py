@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from infer.server.async_engine import Job
+from infer.server.engine_client import Job
 from infer.server.engine_process import EngineSnapshot
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"

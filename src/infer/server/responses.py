@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, model_validator
 
 from infer.engine.request import RequestOutput
-from infer.server.async_engine import ChoiceUpdate
 from infer.server.chat import ChatServing
+from infer.server.engine_client import ChoiceUpdate
 from infer.server.errors import APIError
 from infer.server.ids import random_hex
 from infer.server.protocol import (

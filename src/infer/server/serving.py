@@ -25,15 +25,15 @@ from infer.engine.prompts import ContextLengthError
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError
-from infer.server.async_engine import (
+from infer.server.echo import PromptEcho
+from infer.server.engine_client import (
     ENGINE_FAILED,
-    AsyncEngine,
     ChoiceUpdate,
+    EngineClient,
     EngineStoppedError,
     Job,
     RequestTimeoutError,
 )
-from infer.server.echo import PromptEcho
 from infer.server.errors import APIError, internal_server_error
 from infer.server.grammar_check import GrammarChecker, GrammarCheckError
 from infer.server.ids import random_hex
@@ -109,7 +109,7 @@ class OpenAIServing(ABC):
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         metrics: ServerMetrics,
         logprobs: LogprobFormatter,
@@ -136,7 +136,7 @@ class OpenAIServing(ABC):
     ) -> list[list[int]]:
         """Token ids of each prompt, only the last ``keep_last`` when given (``ValueError``
         naming the field when invalid), after ``on_encoded`` ran on them
-        (``AsyncEngine.encode_prompts``)."""
+        (``EngineClient.encode_prompts``)."""
 
     @abstractmethod
     def sampling_params(
@@ -213,7 +213,7 @@ class OpenAIServing(ABC):
 
     async def _submit(self, request: SamplingRequest) -> tuple[Job, Context]:
         """Validate, reserve the job's capacity, encode its prompts and start it where they
-        were encoded (the tokenizer thread: ``AsyncEngine.start_job``)."""
+        were encoded (the tokenizer thread: ``EngineClient.start_job``)."""
         check_model(request.model, self.model_name)
         try:
             self.guards.limits.check(request)

@@ -10,8 +10,8 @@ from typing import Any
 
 from tests.unit.dashboard.test_frame import view
 
-from infer.server.async_engine import EngineStoppedError
 from infer.server.dashboard import DashboardFeed, _offer
+from infer.server.engine_client import EngineStoppedError
 
 
 class FakeEngine:

@@ -1,4 +1,4 @@
-"""``AsyncEngine`` and its engine process, without HTTP, on a tiny random Llama: capacity,
+"""``EngineClient`` and its engine process, without HTTP, on a tiny random Llama: capacity,
 the scheduler's full queue, aborts, timeouts, a sequence that cannot fit, and an engine
 process that dies or cannot start."""
 
@@ -15,7 +15,7 @@ import pytest
 from infer import EngineConfig, SamplingParams
 from infer.engine.request import RequestOutput
 from infer.engine.scheduler import QueueFullError
-from infer.server.async_engine import AsyncEngine, EngineStoppedError, Job, RequestTimeoutError
+from infer.server.engine_client import EngineClient, EngineStoppedError, Job, RequestTimeoutError
 
 T = TypeVar("T")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -48,9 +48,9 @@ class LoopThread:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoint: Callable[[str], Path]) -> Iterator[tuple[LoopThread, AsyncEngine]]:
+def served(tiny_checkpoint: Callable[[str], Path]) -> Iterator[tuple[LoopThread, EngineClient]]:
     loop = LoopThread()
-    engine = AsyncEngine(tiny_config(tiny_checkpoint("llama")))
+    engine = EngineClient(tiny_config(tiny_checkpoint("llama")))
     loop.run(engine.start())
     yield loop, engine
     loop.run(engine.stop())
@@ -67,7 +67,7 @@ async def collect(job: Job) -> dict[int, RequestOutput]:
     return finals
 
 
-async def used_blocks_soon(engine: AsyncEngine) -> int:
+async def used_blocks_soon(engine: EngineClient) -> int:
     """Blocks in use once the engine has had a few steps to apply aborts."""
     for _ in range(200):
         used = int((await engine.call("cache_stats"))["used_blocks"])
@@ -78,7 +78,7 @@ async def used_blocks_soon(engine: AsyncEngine) -> int:
 
 
 def test_capacity_is_batch_plus_waiting_and_the_rest_waits_in_the_engine(
-    served: tuple[LoopThread, AsyncEngine],
+    served: tuple[LoopThread, EngineClient],
 ) -> None:
     loop, engine = served
 
@@ -101,7 +101,7 @@ def test_capacity_is_batch_plus_waiting_and_the_rest_waits_in_the_engine(
 
 
 def test_closing_a_job_aborts_its_sequences_and_frees_their_blocks(
-    served: tuple[LoopThread, AsyncEngine],
+    served: tuple[LoopThread, EngineClient],
 ) -> None:
     loop, engine = served
 
@@ -117,7 +117,7 @@ def test_closing_a_job_aborts_its_sequences_and_frees_their_blocks(
 
 
 def test_a_job_starts_from_another_thread_and_one_closed_first_never_reaches_the_engine(
-    served: tuple[LoopThread, AsyncEngine],
+    served: tuple[LoopThread, EngineClient],
 ) -> None:
     loop, engine = served
 
@@ -143,7 +143,7 @@ def test_a_job_starts_from_another_thread_and_one_closed_first_never_reaches_the
     loop.run(body())
 
 
-def test_timeout_raises_and_aborts(served: tuple[LoopThread, AsyncEngine]) -> None:
+def test_timeout_raises_and_aborts(served: tuple[LoopThread, EngineClient]) -> None:
     loop, engine = served
 
     async def body() -> None:
@@ -159,7 +159,7 @@ def test_timeout_raises_and_aborts(served: tuple[LoopThread, AsyncEngine]) -> No
 
 
 def test_a_sequence_the_cache_cannot_hold_fails_alone(
-    served: tuple[LoopThread, AsyncEngine],
+    served: tuple[LoopThread, EngineClient],
 ) -> None:
     loop, engine = served
 
@@ -177,7 +177,7 @@ def test_a_dead_engine_process_fails_everything_and_reports_it(
     tiny_checkpoint: Callable[[str], Path],
 ) -> None:
     async def body() -> None:
-        engine = AsyncEngine(tiny_config(tiny_checkpoint("llama")))
+        engine = EngineClient(tiny_config(tiny_checkpoint("llama")))
         failures: list[str] = []
         engine.on_failure = failures.append  # the launcher stops the server
         await engine.start()
@@ -199,7 +199,7 @@ def test_a_dead_engine_process_fails_everything_and_reports_it(
 
 def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     async def body() -> None:
-        engine = AsyncEngine(EngineConfig(model=str(tmp_path / "missing.gguf"), device="cpu"))
+        engine = EngineClient(EngineConfig(model=str(tmp_path / "missing.gguf"), device="cpu"))
         with pytest.raises(RuntimeError, match="could not start: FileNotFoundError"):
             await engine.start()
         assert not engine.is_healthy

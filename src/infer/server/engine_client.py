@@ -110,7 +110,7 @@ class Job:
     aborts what is still running and frees the capacity.
     """
 
-    owner: AsyncEngine
+    owner: EngineClient
     request_ids: list[str]
     deadline: float | None  # event-loop time
     submitted: float = field(default_factory=time.perf_counter)
@@ -204,7 +204,7 @@ class Job:
             self.owner.release(self)
 
 
-class AsyncEngine:
+class EngineClient:
     """Starts the engine process for ``config`` (or, in an API worker, reaches the one
     running); ``submit`` work, iterate the ``Job``."""
 
