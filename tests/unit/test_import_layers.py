@@ -14,7 +14,7 @@ PACKAGE = Path(infer.__file__).parent
 
 # Lowest first; one set per layer.
 LAYERS: list[set[str]] = [
-    {"config", "heap", "gil", "text_pieces", "workloads"},
+    {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads"},
     {"tokenizer"},
     {"kernels"},
     {"attention"},
