@@ -434,7 +434,9 @@ class Scheduler:
         """Account a collected step: each sampled token replaces its placeholder, is
         detokenised and checked against the stop rules; completed blocks become shareable.
         Tokens of requests that ended while the step was in flight are dropped. A chunk with
-        proposals keeps the samples ``accepted_length`` allows; the cache forgets the rest."""
+        proposals keeps the samples ``accepted_length`` allows; the cache forgets the rest.
+        Requests that end here free their cache at once: whoever reads the outputs then sees
+        it free (a step in flight that still writes it was queued before any new owner's)."""
         now = time.perf_counter()
         accepted = []
         accepted_before = self.speculation.num_accepted_tokens
@@ -459,6 +461,7 @@ class Scheduler:
             if request.seq_id is not None and not request.is_finished:
                 # Placeholders sit at or past the computed length, which is all it reads.
                 self.pool.index_blocks(request.seq_id, request.token_ids)
+        self.retire()
         return accepted
 
     def _accept(self, chunk: ScheduledChunk, samples: list[int]) -> int:

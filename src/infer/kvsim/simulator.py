@@ -172,9 +172,11 @@ class _Run:
 
     def step(self, step: int, now: float, step_s: float) -> int:
         """One engine step from simulated time ``now``, the model's samples replaced by
-        fresh token ids; returns how many requests ended in it."""
+        fresh token ids; returns how many requests ended in it. The pool is sampled while the
+        step runs: requests that end in it free their cache as it is accounted."""
         scheduled = self.scheduler.schedule()
         self.pool.take_copies()  # no K/V to copy: the runner's part, dropped
+        self.sample(now)
         self.refused += len(scheduled.failed)
         for request in self.scheduler.running:
             self.admitted_at.setdefault(request.request_id, step)
@@ -272,7 +274,6 @@ def simulate(
                 if not run.submit(spec, step, arrivals.now):
                     bar.update()
             bar.update(run.step(step, arrivals.now, step_s))
-            run.sample(arrivals.now)
             arrivals.tick()
             step += 1
     if replay is not None:

@@ -92,6 +92,17 @@ def test_retired_blocks_are_available_to_admission_in_the_same_step() -> None:
     assert _names(scheduler.schedule()) == [("B", 16)]
 
 
+def test_a_request_that_ends_in_update_frees_its_cache_before_the_outputs_go_out() -> None:
+    pool = _pool(20)
+    scheduler = _scheduler(pool)
+    scheduler.add_request(
+        Request("A", [1, 2, 3], 3, SamplingParams(max_tokens=1, ignore_eos=True), seed=0)
+    )
+    _run(scheduler, scheduler.schedule())
+    assert scheduler.running == [] and not scheduler.has_work()
+    assert pool.used_blocks() == 0 and pool.stats().active_sequences == 0
+
+
 def test_chunked_prefill_runs_chunks_beside_decodes_and_samples_only_at_the_end() -> None:
     scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
     scheduler.add_request(_request("short", 3))
