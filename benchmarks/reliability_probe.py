@@ -1,9 +1,16 @@
-"""Three reliability checks of ``infer serve`` (issue 42), each against a server it starts:
+"""Reliability checks of ``infer serve`` (issues 33 and 42), each against a server it starts:
 
+    python benchmarks/reliability_probe.py hostile
     python benchmarks/reliability_probe.py lockout --idle 500 --slow 50 -- \\
         --max-batch-size 4 --max-waiting-requests 8
     python benchmarks/reliability_probe.py cache-stats
     python benchmarks/reliability_probe.py kill-engine
+
+- ``hostile``: the request bodies that crashed or stalled the server in issue 33's probe
+  (grammar bombs, 100,000-entry lists, deep nesting, oversized inputs), one after another,
+  while innocent streams run beside them and ``/health`` is polled every 20 ms: each one's
+  answer, the 5xx among them, the innocent streams' tokens against the same requests on the
+  quiet server, ``/health``'s latencies, and whether the server and its engine survived.
 
 - ``lockout``: requests, one a second, on fresh connections, first on an unloaded server, then
   while ``--idle`` silent and ``--slow`` header-trickling connections are held open (those
@@ -23,6 +30,7 @@ the probe itself running from this one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -79,6 +87,123 @@ def summary(results: list[tuple[str, float]]) -> str:
     )
     codes = ", ".join(f"{n} x {outcome}" for outcome, n in sorted(outcomes.items()))
     return f"{codes}; {timing}"
+
+
+def _hostile_bodies() -> list[tuple[str, str, Any]]:
+    """(what, route, body) of each hostile request: those that crashed the server or stalled
+    it in issue 33's probe, and the nesting and sizes beside them."""
+    chain = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(20_000))
+    chain += 'r20000: "b"\n'
+    deep_schema: dict[str, Any] = {"type": "string"}
+    for _ in range(10_000):
+        deep_schema = {"type": "array", "items": deep_schema}
+    choices = [f"option number {i}" for i in range(100_000)]
+    user = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": deep_schema}}]
+    return [
+        ("grammar, 20,000 chained rules", "completions",
+         {"structured_outputs": {"grammar": chain}}),
+        ("grammar, chat", "chat", {"messages": user, "structured_outputs": {"grammar": chain}}),
+        ("choice, 100,000 entries", "completions", {"structured_outputs": {"choice": choices}}),
+        ("json schema, 10,000 deep", "completions", {"structured_outputs": {"json": deep_schema}}),
+        ("regex, 10,000 nested groups", "completions",
+         {"structured_outputs": {"regex": "(" * 10_000 + "a" + ")" * 10_000}}),
+        ("tool schema, 10,000 deep", "chat", {"messages": user, "tools": tools}),
+        ("prompt, lists 100,000 deep", "completions",
+         b'{"max_tokens": 4, "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("stop, 100,000 strings", "completions", {"stop": ["x"] * 100_000}),
+        ("logit_bias, 100,000 entries", "completions",
+         {"logit_bias": {str(i): 1 for i in range(100_000)}}),
+        ("n, 100,000", "completions", {"n": 100_000}),
+        ("max_tokens, 2**40", "completions", {"max_tokens": 2**40}),
+        ("prompt, 9 MB", "completions", {"prompt": "x" * 9_000_000}),
+        ("messages, 100,000", "chat", {"messages": user * 100_000}),
+    ]  # fmt: skip
+
+
+def _send_raw(url: str, route: str, body: Any) -> str:
+    """POST ``body`` (a JSON value, or bytes sent as they are); the status and error code."""
+    path = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}[route]
+    if isinstance(body, bytes):
+        content = body
+    else:
+        extra = {"prompt": "Hi"} if route == "completions" else {}
+        content = json.dumps({"max_tokens": 4, **extra, **body}).encode()
+    try:
+        response = httpx.post(f"{url}{path}", content=content, timeout=120,
+                              headers={"content-type": "application/json"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    code = ""
+    if response.status_code != 200:
+        try:
+            error = response.json().get("error", {})
+            code = f" {error.get('param') or error.get('code')}"
+        except ValueError:
+            code = " (not JSON)"
+    return f"{response.status_code}{code}"
+
+
+def _innocent(url: str, stop: threading.Event, seen: list[str]) -> None:
+    """Greedy streams, one after another until ``stop`` (at least one): each one's text."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    while True:
+        text = ""
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        seen.append(text)
+        if stop.is_set():
+            return
+
+
+def hostile(server: ServerProcess, args: argparse.Namespace) -> None:
+    engine_pid = server.engine_pid()
+    reference: list[str] = []
+    stop = threading.Event()
+    stop.set()
+    _innocent(server.url, stop, reference)  # one stream, on the quiet server
+    stop.clear()
+    latencies: list[float] = []
+    innocent: list[str] = []
+
+    def probe() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                start = time.perf_counter()
+                status = client.get(f"{server.url}/health").status_code
+                latencies.append(time.perf_counter() - start if status == 200 else float("inf"))
+                time.sleep(0.02)
+
+    threads = [threading.Thread(target=probe), threading.Thread(
+        target=_innocent, args=(server.url, stop, innocent))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    rows = []
+    try:
+        for what, route, body in _hostile_bodies():
+            start = time.perf_counter()
+            outcome = _send_raw(server.url, route, body)
+            rows.append((what, outcome, time.perf_counter() - start))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    print("| request | answer | seconds |\n|---|---|---:|")
+    for what, outcome, seconds in rows:
+        print(f"| {what} | {outcome} | {seconds:.2f} |")
+    server_errors = sum(outcome[0] == "5" or not outcome[0].isdigit() for _, outcome, _ in rows)
+    wrong = sum(tokens != reference[0] for tokens in innocent)
+    latencies.sort()
+    p99 = latencies[int(len(latencies) * 0.99)]
+    alive = server.process.poll() is None and server.engine_pid() == engine_pid
+    print(f"5xx or no answer: {server_errors} of {len(rows)}")
+    print(f"innocent streams: {len(innocent)}, {wrong} unlike the quiet server's")
+    print(f"/health: {len(latencies)} probes, p50 {statistics.median(latencies) * 1e3:.1f} ms,"
+          f" p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms")  # fmt: skip
+    print(f"server and engine alive, the same engine process: {alive}")
 
 
 def lockout(server: ServerProcess, args: argparse.Namespace) -> None:
@@ -160,7 +285,7 @@ def kill_engine(server: ServerProcess, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("check", choices=["lockout", "cache-stats", "kill-engine"])
+    parser.add_argument("check", choices=["hostile", "lockout", "cache-stats", "kill-engine"])
     parser.add_argument("--idle", type=int, default=1000, help="silent connections (lockout)")
     parser.add_argument("--slow", type=int, default=100, help="trickling connections (lockout)")
     parser.add_argument("--requests", type=int, default=20, help="requests per phase")
@@ -178,7 +303,8 @@ def main() -> None:
                                 text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
         print(f"# this checkout: {commit}")
     print(f"# {args.check}: infer serve {' '.join(BASE_ARGS + serve_args)}")
-    check = {"lockout": lockout, "cache-stats": cache_stats, "kill-engine": kill_engine}
+    check = {"hostile": hostile, "lockout": lockout, "cache-stats": cache_stats,
+             "kill-engine": kill_engine}  # fmt: skip
     with spawn_server([*BASE_ARGS, *serve_args]) as server:
         check[args.check](server, args)
 
