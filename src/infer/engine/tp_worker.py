@@ -161,10 +161,13 @@ def _free_port() -> int:
 
 
 def _exit_with_parent() -> None:
-    """Exit as soon as rank 0's process closes our stdin (it stopped, or died)."""
+    """Exit as soon as rank 0's process closes our stdin (it stopped, or died). The watch
+    reads the file descriptor, not ``sys.stdin``: a daemon thread blocked in a buffered read
+    holds its lock, and the interpreter's exit, closing stdin, aborts on it."""
 
     def watch() -> None:
-        sys.stdin.buffer.read()
+        while os.read(sys.stdin.fileno(), 4096):
+            pass
         os._exit(0)
 
     threading.Thread(target=watch, name="infer-parent-watch", daemon=True).start()
