@@ -7,7 +7,7 @@ TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 PORT ?= 8000
 MODEL ?= smollm2-135m
 
-.PHONY: setup serve test test-gpu lint format clean
+.PHONY: setup serve test test-stress test-gpu lint format clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,11 @@ serve: $(STAMP)
 	$(VENV)/bin/infer serve --model $(MODEL) --port $(PORT)
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu and not stress" -q
+
+# The load loops (tests/stress and others marked stress): CI runs them after `make test`.
+test-stress: $(STAMP)
+	$(PY) -m pytest -m "stress and not gpu" -q
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu -q
