@@ -46,12 +46,23 @@ _GEMMA_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm"}
 _IGNORED = ("rope_freqs.weight",)  # llama3 frequency table; recomputed from the config
 
 
+class _Reader(GGUFReader):
+    """``GGUFReader`` over a plain array view of its memory map: it parses every metadata
+    string (a vocabulary's 100,000s) as a view, and a view of an ``np.memmap`` is a memmap,
+    each paying for ``__array_finalize__``. The view keeps the map open."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        if isinstance(self.data, np.memmap):
+            self.data = self.data.view(np.ndarray)  # type: ignore[assignment]
+        return super()._get(offset, dtype, count, override_order)
+
+
 class GGUFFile:
     """An opened GGUF file (memory-mapped)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.reader = GGUFReader(self.path)
+        self.reader: GGUFReader = _Reader(self.path)
         arch = self.field("general.architecture")
         if arch not in _ARCHES:
             raise ValueError(
