@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 PORT ?= 8000
 MODEL ?= smollm2-135m
+# make test runs in this many processes (pytest-xdist), each test file whole in one of them;
+# then the tests marked serial, alone.
+TEST_WORKERS ?= 2
 
 .PHONY: setup serve test test-stress test-gpu lint format clean
 
@@ -23,7 +26,8 @@ serve: $(STAMP)
 	$(VENV)/bin/infer serve --model $(MODEL) --port $(PORT)
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not gpu and not stress" -q
+	$(PY) -m pytest -m "not gpu and not stress and not serial" -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -m "serial and not gpu and not stress" -q
 
 # The load loops (tests/stress and others marked stress): CI runs them after `make test`.
 test-stress: $(STAMP)

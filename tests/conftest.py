@@ -15,6 +15,11 @@ import torch
 # Triton kernels run under the interpreter on CPU-only machines (must be set before import).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist the workers (with the servers they start) already fill the cores: one
+# torch thread each, as more only spin against each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {
@@ -146,6 +151,22 @@ def smollm2_llm() -> Iterator[Any]:
     from infer import LLM
 
     yield LLM("smollm2-135m", num_gpu_blocks=512, max_seq_len=2048, max_batch_size=32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers() -> Any:
+    """Hugging Face transformers' SmolLM2 read from the same GGUF file (float32, eval mode,
+    no end of sequence: greedy runs to its length), the reference that tests only run."""
+    from transformers import AutoModelForCausalLM
+
+    from infer.loader.presets import embedded_model_path
+
+    path = embedded_model_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    model.generation_config.eos_token_id = None
+    return model.eval()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""A server over the embedded SmolLM2 for the HTTP tests, one per test module."""
+"""A server over the embedded SmolLM2 for the HTTP tests, one per test process: the modules
+that use it only read from it (a module that needs other settings builds its own ``url``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infer.server import build_server, serve_in_thread
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def url(smollm2_llm: Any) -> Iterator[str]:
     server = build_server(smollm2_llm.config, port=0, log_level="warning")
     with serve_in_thread(server) as base_url:

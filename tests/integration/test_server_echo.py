@@ -11,8 +11,6 @@ import httpx
 import pytest
 import torch
 
-from infer.loader.presets import embedded_model_path
-
 CONTEXT = "Question: What is the capital of France?\nAnswer:"
 # lm-eval's payload for a log-likelihood request (openai_completions.py, _create_payload)
 LOGLIKELIHOOD = {"temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
@@ -32,16 +30,11 @@ def tokens(url: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def transformers_logprobs(tokens: list[int]) -> torch.Tensor:
+def transformers_logprobs(tokens: list[int], smollm2_transformers: Any) -> torch.Tensor:
     """``[P, vocab]`` log-softmax of transformers' logits over the same GGUF file."""
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
     with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
+        logits = smollm2_transformers(torch.tensor([tokens])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def test_the_loglikelihood_request_scores_the_prompt_as_transformers_does(

@@ -108,6 +108,7 @@ def test_an_oversized_body_is_a_413_before_it_is_read(url: str) -> None:
     assert "(--max-body-bytes)" in _refused(response, "body", status=413)
 
 
+@pytest.mark.serial
 def test_grammar_bombs_are_400s_and_health_keeps_answering(url: str) -> None:
     """A grammar that crashes the compiler and 100,000 choices that overrun its deadline,
     beside /health probes and an innocent completion."""

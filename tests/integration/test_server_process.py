@@ -87,6 +87,7 @@ def test_served_model_name(server: ServerProcess) -> None:
         client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
 
 
+@pytest.mark.serial
 def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
     """Three times: no CPU over 10 s without requests, then a request that runs as soon as
     one that follows another does (time to its one token, against the best of three). The

@@ -223,6 +223,7 @@ def test_bad_constraints_get_a_400_naming_the_field(
     assert error["message"].startswith(f"{param}: ")
 
 
+@pytest.mark.stress  # 32 requests of 80 tokens, 8 at a time: minutes of CPU
 def test_fresh_grammars_and_forced_tool_calls_always_validate(
     url: str, client: openai.OpenAI
 ) -> None:

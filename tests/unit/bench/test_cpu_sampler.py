@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from infer.bench.cpu_sampler import CpuSampler
 
 # The busy loop prints the share of a core it got (less than one on a loaded machine).
@@ -23,6 +25,7 @@ def _peak(code: str) -> tuple[float, str]:
     return sampler.peak_cores(window_s=1.0), printed
 
 
+@pytest.mark.serial
 def test_a_busy_loop_keeps_about_one_core_busy_and_a_sleep_none() -> None:
     peak, printed = _peak(BUSY)
     share = float(printed)  # one core, or what a shared machine left it

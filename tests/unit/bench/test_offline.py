@@ -102,6 +102,7 @@ def test_transformers_generate_for_sequential_workloads(hf_model: Any) -> None:
 
 
 @pytest.mark.filterwarnings(r"ignore:The `paged\|` prefix is no longer needed")
+@pytest.mark.serial
 def test_transformers_continuous_batching_with_arrivals(hf_model: Any) -> None:
     result = run_hf(hf_model, _staggered(), progress=False)
     for request, spec in zip(result.requests, _staggered().requests, strict=True):

@@ -40,6 +40,7 @@ def connect(address: tuple[str, int], source: str = "127.0.0.1") -> socket.socke
     return conn
 
 
+@pytest.mark.serial
 def test_headers_must_arrive_within_the_header_timeout(serve: Serve) -> None:
     with serve(hello, limits(header_timeout=0.5)) as address:
         silent = socket.create_connection(address)
@@ -55,6 +56,7 @@ def test_headers_must_arrive_within_the_header_timeout(serve: Serve) -> None:
         assert response(prompt).startswith(b"HTTP/1.1 200")
 
 
+@pytest.mark.serial
 def test_a_body_must_arrive_within_the_read_timeout(serve: Serve) -> None:
     with serve(hello, limits(header_timeout=0.3, request_read_timeout=1.5)) as address:
         conn = socket.create_connection(address)
@@ -140,6 +142,7 @@ def test_a_burst_younger_than_the_grace_period_is_served_whole(serve: Serve) -> 
             assert response(conn).startswith(b"HTTP/1.1 200")
 
 
+@pytest.mark.serial
 def test_shutting_down_closes_pending_connections_at_once(serve: Serve) -> None:
     with serve(hello) as address:  # 30 s deadlines
         fresh = socket.create_connection(address)
