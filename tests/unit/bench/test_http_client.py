@@ -13,6 +13,8 @@ from infer.workloads import RequestSpec, Workload
 
 from .conftest import FakeServer
 
+pytestmark = pytest.mark.serial  # arrivals and token gaps timed to tens of milliseconds
+
 
 def _workload(sequential: bool = False) -> Workload:
     return Workload(
@@ -96,7 +98,6 @@ def test_unreachable_server_is_a_clear_error() -> None:
         asyncio.run(run_serving("http://127.0.0.1:9", _workload(), progress=False))
 
 
-@pytest.mark.serial
 def test_client_processes_share_the_workload_and_its_schedule(fake_server) -> None:  # type: ignore[no-untyped-def]
     workload = _workload()
     _, one = asyncio.run(run_serving(fake_server.url, workload, progress=False))
