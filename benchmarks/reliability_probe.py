@@ -91,26 +91,27 @@ def summary(results: list[tuple[str, float]]) -> str:
 
 def _hostile_bodies() -> list[tuple[str, str, Any]]:
     """(what, route, body) of each hostile request: those that crashed the server or stalled
-    it in issue 33's probe, and the nesting and sizes beside them."""
+    it in issue 33's probe, and the nesting and sizes beside them. A body is a JSON value, or
+    bytes where it nests deeper than Python's encoder goes."""
     chain = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(20_000))
     chain += 'r20000: "b"\n'
-    deep_schema: dict[str, Any] = {"type": "string"}
-    for _ in range(10_000):
-        deep_schema = {"type": "array", "items": deep_schema}
+    deep = '{"type": "array", "items": ' * 10_000 + '{"type": "string"}' + "}" * 10_000
+    tool = f'[{{"type": "function", "function": {{"name": "f", "parameters": {deep}}}}}]'
     choices = [f"option number {i}" for i in range(100_000)]
     user = [{"role": "user", "content": "hi"}]
-    tools = [{"type": "function", "function": {"name": "f", "parameters": deep_schema}}]
+    chat = {"messages": user, "max_tokens": 4}
     return [
         ("grammar, 20,000 chained rules", "completions",
          {"structured_outputs": {"grammar": chain}}),
         ("grammar, chat", "chat", {"messages": user, "structured_outputs": {"grammar": chain}}),
         ("choice, 100,000 entries", "completions", {"structured_outputs": {"choice": choices}}),
-        ("json schema, 10,000 deep", "completions", {"structured_outputs": {"json": deep_schema}}),
+        ("json schema, 10,000 deep", "completions",
+         _raw({"prompt": "Hi", "max_tokens": 4}, "structured_outputs", f'{{"json": {deep}}}')),
         ("regex, 10,000 nested groups", "completions",
          {"structured_outputs": {"regex": "(" * 10_000 + "a" + ")" * 10_000}}),
-        ("tool schema, 10,000 deep", "chat", {"messages": user, "tools": tools}),
+        ("tool schema, 10,000 deep", "chat", _raw(chat, "tools", tool)),
         ("prompt, lists 100,000 deep", "completions",
-         b'{"max_tokens": 4, "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+         _raw({"max_tokens": 4}, "prompt", "[" * 100_000 + "]" * 100_000)),
         ("stop, 100,000 strings", "completions", {"stop": ["x"] * 100_000}),
         ("logit_bias, 100,000 entries", "completions",
          {"logit_bias": {str(i): 1 for i in range(100_000)}}),
@@ -119,6 +120,11 @@ def _hostile_bodies() -> list[tuple[str, str, Any]]:
         ("prompt, 9 MB", "completions", {"prompt": "x" * 9_000_000}),
         ("messages, 100,000", "chat", {"messages": user * 100_000}),
     ]  # fmt: skip
+
+
+def _raw(fields: dict[str, Any], name: str, value: str) -> bytes:
+    """``fields`` as JSON with ``name`` set to ``value``, JSON text written by hand."""
+    return (json.dumps(fields)[:-1] + f', "{name}": {value}}}').encode()
 
 
 def _send_raw(url: str, route: str, body: Any) -> str:
@@ -166,7 +172,7 @@ def hostile(server: ServerProcess, args: argparse.Namespace) -> None:
     stop.set()
     _innocent(server.url, stop, reference)  # one stream, on the quiet server
     stop.clear()
-    latencies: list[float] = []
+    probes: list[tuple[float, float]] = []  # (sent at, seconds to a 200; inf: not a 200)
     innocent: list[str] = []
 
     def probe() -> None:
@@ -174,7 +180,8 @@ def hostile(server: ServerProcess, args: argparse.Namespace) -> None:
             while not stop.is_set():
                 start = time.perf_counter()
                 status = client.get(f"{server.url}/health").status_code
-                latencies.append(time.perf_counter() - start if status == 200 else float("inf"))
+                seconds = time.perf_counter() - start
+                probes.append((start, seconds if status == 200 else float("inf")))
                 time.sleep(0.02)
 
     threads = [threading.Thread(target=probe), threading.Thread(
@@ -186,17 +193,18 @@ def hostile(server: ServerProcess, args: argparse.Namespace) -> None:
         for what, route, body in _hostile_bodies():
             start = time.perf_counter()
             outcome = _send_raw(server.url, route, body)
-            rows.append((what, outcome, time.perf_counter() - start))
+            rows.append((what, outcome, start, time.perf_counter()))
     finally:
         stop.set()
         for thread in threads:
             thread.join(120)
-    print("| request | answer | seconds |\n|---|---|---:|")
-    for what, outcome, seconds in rows:
-        print(f"| {what} | {outcome} | {seconds:.2f} |")
-    server_errors = sum(outcome[0] == "5" or not outcome[0].isdigit() for _, outcome, _ in rows)
-    wrong = sum(tokens != reference[0] for tokens in innocent)
-    latencies.sort()
+    print("| request | answer | seconds | slowest /health meanwhile |\n|---|---|---:|---:|")
+    for what, outcome, start, end in rows:
+        beside = [seconds for sent, seconds in probes if start <= sent + seconds and sent <= end]
+        print(f"| {what} | {outcome} | {end - start:.2f} | {max(beside, default=0) * 1e3:.0f} ms |")
+    server_errors = sum(outcome[0] == "5" or not outcome[0].isdigit() for _, outcome, *_ in rows)
+    wrong = sum(text != reference[0] for text in innocent)
+    latencies = sorted(seconds for _, seconds in probes)
     p99 = latencies[int(len(latencies) * 0.99)]
     alive = server.process.poll() is None and server.engine_pid() == engine_pid
     print(f"5xx or no answer: {server_errors} of {len(rows)}")
