@@ -23,8 +23,9 @@ CHAIN = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(6000)) + 
 def url(smollm2_llm: Any) -> Any:
     # Room for 100,000 choices (~2.4 MB), so that it is the compile's deadline they meet.
     limits = RequestLimits(
-        max_body_bytes=4_000_000, max_grammar_bytes=4_000_000, max_choices=200_000
-    )
+        max_body_bytes=4_000_000, max_grammar_bytes=4_000_000, max_choices=200_000,
+        max_messages=8,
+    )  # fmt: skip
     server = build_server(
         smollm2_llm.config, port=0, log_level="warning", limits=limits, grammar_timeout=3.0
     )
@@ -101,6 +102,11 @@ def test_limits_name_the_field_and_the_flag(url: str) -> None:
     chat = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 2}
     response = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
     assert "(--max-grammar-depth)" in _refused(response, "tools.0")
+    chat = {"messages": [{"role": "user", "content": "hi"}] * 9, "max_tokens": 2}
+    response = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
+    assert "limit of 8 (--max-messages)" in _refused(response, "messages")
+    response = httpx.post(f"{url}/tokenize", json={"messages": chat["messages"]}, timeout=60)
+    assert "(--max-messages)" in _refused(response, "messages")
 
 
 def test_an_oversized_body_is_a_413_before_it_is_read(url: str) -> None:

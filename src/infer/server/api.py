@@ -54,6 +54,7 @@ from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
     DEFAULT_LIMITS,
+    LimitsApplied,
     RequestLimits,
 )
 from infer.server.responses import ResponseObject, ResponsesRequest, ResponsesServing
@@ -136,6 +137,7 @@ def create_app(
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(LimitsApplied, limits=limits)
 
     @app.post(
         "/v1/completions",

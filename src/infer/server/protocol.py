@@ -35,6 +35,7 @@ from infer.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from infer.server.request_limits import applied_limits
 from infer.tokenizer import ChatTemplateArgs
 
 MAX_LOGPROBS = 20
@@ -205,7 +206,19 @@ class StructuredOutputs(_Request):
     json_object: bool | None = None
 
 
-class SamplingRequest(_Request):
+class _Counted(_Request):
+    """A request whose lists are counted against the applied limits before their entries
+    are validated (``RequestLimits.check_counts``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counts_within_limits(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            applied_limits().check_counts(data)
+        return data
+
+
+class SamplingRequest(_Counted):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -548,7 +561,7 @@ class NamedToolChoice(_Request):
     function: NamedFunction
 
 
-class Conversation(_Request):
+class Conversation(_Counted):
     """A conversation and how the chat template renders it (vLLM's chat parameters):
     chat completions and ``/tokenize`` take the same fields."""
 

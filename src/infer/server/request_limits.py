@@ -5,16 +5,23 @@ A grammar's cost grows with its size and nesting (the compiler recurses on its s
 ~5,000 chained Lark rules overflowed its stack and took the server down), so grammars,
 regexes, JSON schemas and tool schemas are bounded in bytes and depth, choices in number;
 what passes is still compiled in a bounded worker (``grammar_check.py``). The request body
-is bounded as it arrives (``body_limit.py``).
+is bounded as it arrives (``body_limit.py``). Lists are counted before their entries are
+validated (``check_counts``, under the limits ``applied`` to the request): validating
+100,000 messages held the API process's event loop for a second.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # not imported at run time: ``infer --help`` reads the defaults
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
     from infer.server.protocol import SamplingRequest
 
 DEFAULT_GRAMMAR_TIMEOUT_S = 10.0
@@ -36,17 +43,44 @@ class RequestLimits:
     max_stop_strings: int = 64
     max_stop_string_bytes: int = 1024
     max_logit_bias: int = 1024  # entries
+    max_messages: int = 2048  # a conversation's (OpenAI's own bound)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
 
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """These limits for the request models validated meanwhile (``applied_limits``)."""
+        token = _APPLIED.set(self)
+        try:
+            yield
+        finally:
+            _APPLIED.reset(token)
+
+    def check_counts(self, fields: Mapping[str, Any]) -> None:
+        """``ValueError`` naming the first count over its bound, of a request's fields as
+        sent (any JSON: what is not a count here is left to validation) or validated."""
+        n = fields.get("n")
+        if isinstance(n, int) and not isinstance(n, bool):
+            self._at_most("n", n, self.max_n, "max_n")
+        stop = fields.get("stop")
+        if isinstance(stop, list):
+            self._at_most("stop", len(stop), self.max_stop_strings, "max_stop_strings")
+        bias = fields.get("logit_bias")
+        if isinstance(bias, dict):
+            self._at_most("logit_bias", len(bias), self.max_logit_bias, "max_logit_bias",
+                          "entries")  # fmt: skip
+        messages = fields.get("messages")
+        if isinstance(messages, list):
+            self._at_most("messages", len(messages), self.max_messages, "max_messages",
+                          "messages")  # fmt: skip
+
     def check(self, request: SamplingRequest) -> None:
         """``ValueError`` naming the first field over its bound."""
-        self._at_most("n", request.n, self.max_n, "max_n")
+        self.check_counts(vars(request))
         stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
-        self._at_most("stop", len(stop), self.max_stop_strings, "max_stop_strings")
         for i, string in enumerate(stop):
             size = len(string.encode())
             self._at_most(f"stop.{i}", size, self.max_stop_string_bytes, "max_stop_string_bytes",
@@ -128,3 +162,21 @@ def _bracket_depth(text: str) -> int:
 
 
 DEFAULT_LIMITS = RequestLimits()
+_APPLIED: ContextVar[RequestLimits] = ContextVar("request_limits", default=DEFAULT_LIMITS)
+
+
+def applied_limits() -> RequestLimits:
+    """The limits of the request being validated: its server's, else the defaults."""
+    return _APPLIED.get()
+
+
+class LimitsApplied:
+    """ASGI middleware: each request is validated under its server's ``limits``."""
+
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.limits.applied():
+            await self.app(scope, receive, send)
