@@ -16,7 +16,7 @@ from infer.cli import build_parser
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import ParallelGroup
 from infer.models.common import check_tensor_parallel, kv_heads_per_rank
-from infer.models.fp8 import FP8, dequantize_rows, quantize_rows
+from infer.models.fp8 import FP8, quantize_rows
 from infer.models.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -105,6 +105,7 @@ def test_fp8_column_takes_checkpoint_rows_and_per_tensor_or_channel_scales() -> 
 def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
     """Each rank's row scales come from its own columns (quantised after slicing); the
     partial products still add up to the whole product within FP8 rounding."""
+    torch.manual_seed(0)
     weight, x = torch.randn(3, 8), torch.randn(2, 8)
     partial = []
     for rank, group in enumerate(ranks(2)):
@@ -115,8 +116,11 @@ def test_fp8_row_ranks_quantise_their_columns_and_sum_to_the_product() -> None:
         assert layer.weight_scale is not None
         assert torch.equal(layer.weight_scale, quantize_rows(columns)[1])
         partial.append(layer.matmul(x[:, rank * 4 : rank * 4 + 4]))
-    w = dequantize_rows(*quantize_rows(weight))
-    torch.testing.assert_close(partial[0] + partial[1], x @ w.T, rtol=0.1, atol=0.1)
+    # Weights and activations each round within 1/16 of their value (FP8's half-ulp): the
+    # sum is within 1/8 of its terms' magnitudes, whatever cancels (a fixed tolerance
+    # failed on an output near zero).
+    error = (partial[0] + partial[1] - x @ weight.T).abs()
+    assert (error <= 0.15 * (x.abs() @ weight.abs().T) + 1e-3).all(), error
 
 
 def test_fp8_tensors_need_an_fp8_layer() -> None:
