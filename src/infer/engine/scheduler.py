@@ -456,12 +456,16 @@ class Scheduler:
         if scheduled.speculative and any(c.proposals or c.num_tokens == 1 for c in sampling):
             assert self.gate is not None  # a step with decoding rows, which could speculate
             self.gate.record(self.speculation.num_accepted_tokens - accepted_before)
+        ended = False
         for chunk in scheduled.chunks:
             request = chunk.request
-            if request.seq_id is not None and not request.is_finished:
+            if request.is_finished:
+                ended = True
+            elif request.seq_id is not None:
                 # Placeholders sit at or past the computed length, which is all it reads.
                 self.pool.index_blocks(request.seq_id, request.token_ids)
-        self.retire()
+        if ended:  # the running set is scanned only on the steps where requests end
+            self.retire()
         return accepted
 
     def _accept(self, chunk: ScheduledChunk, samples: list[int]) -> int:
