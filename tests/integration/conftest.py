@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,3 +56,27 @@ def chromium() -> str:
             pytest.fail("Chromium is missing (.ci/run installs it)")
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     return path
+
+
+def stream_events(
+    url: str, body: dict[str, object], events: list[str], headers: dict[str, str] | None = None
+) -> None:
+    """Stream a completion from the server at ``url``, appending each SSE ``data:`` line."""
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=headers, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+
+
+def started_stream(
+    url: str, body: dict[str, object], headers: dict[str, str] | None = None
+) -> tuple[threading.Thread, list[str]]:
+    """A streamed completion in a thread of its own, once its first event has come."""
+    events: list[str] = []
+    thread = threading.Thread(target=stream_events, args=(url, body, events, headers))
+    thread.start()
+    while not events:
+        time.sleep(0.02)
+    return thread, events

@@ -17,6 +17,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from tests.integration.conftest import started_stream, stream_events
 
 from infer.cli import build_parser
 from infer.server.launch import ServerProcess, spawn_server
@@ -117,7 +118,7 @@ def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
 def test_request_timeout_aborts(server: ServerProcess) -> None:
     """A non-streamed request gets a 504; a stream gets its tokens, then an error event."""
     events: list[str] = []
-    stream = threading.Thread(target=_stream, args=(server, LONG, events))
+    stream = threading.Thread(target=stream_events, args=(server.url, LONG, events, auth()))
     start = time.monotonic()
     stream.start()
     response = httpx.post(f"{server.url}/v1/completions", json=LONG, headers=auth(), timeout=60)
@@ -136,19 +137,6 @@ def test_request_timeout_aborts(server: ServerProcess) -> None:
         assert time.monotonic() < deadline, stats
         time.sleep(0.05)
     assert stats["leaked_blocks"] == 0
-
-
-def _stream(server: ServerProcess, body: dict[str, object], events: list[str]) -> None:
-    with httpx.stream(
-        "POST",
-        f"{server.url}/v1/completions",
-        json={**body, "stream": True},
-        headers=auth(),
-        timeout=60,
-    ) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(line)
 
 
 @pytest.mark.slow
@@ -170,7 +158,7 @@ def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1(
             "-tp", str(tensor_parallel_size)]  # fmt: skip
     with spawn_server(args) as server, ThreadPoolExecutor(1) as pool:
         events: list[str] = []
-        stream = threading.Thread(target=_stream, args=(server, LONG, events))
+        stream = threading.Thread(target=stream_events, args=(server.url, LONG, events, auth()))
         stream.start()
         whole = pool.submit(httpx.post, f"{server.url}/v1/completions", json=LONG, timeout=60)
         while len(events) < 2:  # both requests run
@@ -199,9 +187,9 @@ def test_a_killed_engine_ends_requests_with_503s_and_the_server_exits_1(
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(
     server: ServerProcess,
 ) -> None:
-    longs = [_started_stream(server, LONG) for _ in range(2)]
-    short, short_events = _started_stream(
-        server, {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}
+    longs = [started_stream(server.url, LONG, auth()) for _ in range(2)]
+    short, short_events = started_stream(
+        server.url, {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}, auth()
     )
 
     server.process.send_signal(signal.SIGTERM)
@@ -229,15 +217,3 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(
     assert "aborting 2 in-flight sequences" in log and "Application shutdown complete" in log
     assert "Traceback" not in log
     assert "did not stop" not in log  # the engine process exits when told, and is not killed
-
-
-def _started_stream(
-    server: ServerProcess, body: dict[str, object]
-) -> tuple[threading.Thread, list[str]]:
-    """A streamed request in a thread of its own, once its first event has come."""
-    events: list[str] = []
-    thread = threading.Thread(target=_stream, args=(server, body, events))
-    thread.start()
-    while not events:
-        time.sleep(0.02)
-    return thread, events

@@ -1,10 +1,11 @@
 """Runs a workload through an engine in-process, honouring arrival times.
 
 ``LLM.generate`` hands the engine a whole batch at once; a workload with staggered arrivals
-needs requests added while others run, so ``drive`` steps the engine itself the way
-``LLM._run`` does and adds each request when its arrival time has come (or, for sequential
-workloads, when the previous one has finished). The same loop drives ``infer``'s engine
-(``run_infer``) and the vLLM peer (``infer.bench.vllm_peer``), through ``SteppedEngine``.
+needs requests added while others run: ``run_workload`` drives the engine with the loop
+every caller uses (``engine/loop.py``), its feed adding each request when its arrival time
+has come (or, for sequential workloads, when the previous one has finished). It drives
+``infer``'s engine (``run_infer``) and the vLLM peer (``infer.bench.vllm_peer``) alike,
+through ``BenchEngine``.
 
 For ``infer``, TTFT and ITL come from the engine's own token timestamps
 (``RequestOutput.token_times_s``, relative to when the request was added).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -22,27 +24,24 @@ from tqdm import tqdm
 from infer.bench.metrics import RequestMetrics, RunResult
 from infer.bench.sampling import GREEDY, BenchSampling
 from infer.engine.engine import Engine
+from infer.engine.loop import SteppedEngine, drive
+from infer.engine.request import RequestOutput
 from infer.heap import frozen_heap
 from infer.workloads import RequestSpec, Workload
 
 
-class SteppedEngine(Protocol):
-    """What ``drive`` needs of an engine: add a request, run one step."""
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    def wait_to_schedule(self) -> None:
-        """Before requests that have arrived are added: wait, if the engine paces its
-        launches, until the step in flight is about to end (``Engine.wait_to_schedule``)."""
-        ...
+class BenchEngine(SteppedEngine[Any], Protocol):
+    """What ``drive`` needs of an engine: add a request, run a step, record its outputs."""
 
     def add(self, request_id: str, spec: RequestSpec) -> None:
         """Queue one request (the run's sampling settings, EOS ignored)."""
         ...
 
-    def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
-        """Run one step, filling in the token times (and errors) of ``requests``; returns
-        how many requests finished. ``start`` is the run's start (``time.perf_counter``)."""
+    def record(
+        self, outputs: Sequence[Any], requests: dict[str, RequestMetrics], start: float
+    ) -> int:
+        """Fill in the token times (and errors) of ``requests`` from one step's outputs;
+        returns how many requests finished. ``start`` is the run's (``time.perf_counter``)."""
         ...
 
 
@@ -69,11 +68,11 @@ def run_infer(
     check_fits(workload, engine.max_seq_len)
     stepped = _InferEngine(engine, sampling)
     if warmup is not None:
-        drive(stepped, warmup, "warmup", progress=False)
+        run_workload(stepped, warmup, "warmup", progress=False)
     engine.peak_utilization = 0.0
     preemptions_before = int(engine.cache_stats()["preemptions"])
     speculation_before = replace(engine.scheduler.speculation)
-    requests = drive(stepped, workload, "bench", progress)
+    requests = run_workload(stepped, workload, "bench", progress)
     extra: dict[str, Any] = {
         "peak_kv_utilization": round(engine.peak_utilization, 4),
         "preemptions": int(engine.cache_stats()["preemptions"]) - preemptions_before,
@@ -88,6 +87,10 @@ class _InferEngine:
         self.engine = engine
         self.sampling = sampling
 
+    @property
+    def stalled(self) -> bool:
+        return self.engine.stalled
+
     def has_unfinished_requests(self) -> bool:
         return self.engine.has_unfinished_requests()
 
@@ -98,9 +101,14 @@ class _InferEngine:
         params = self.sampling.params(spec.max_tokens)
         self.engine.add_request(spec.prompt_token_ids, params, request_id=request_id)
 
-    def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
+    def step(self) -> list[RequestOutput]:
+        return self.engine.step()
+
+    def record(
+        self, outputs: Sequence[RequestOutput], requests: dict[str, RequestMetrics], start: float
+    ) -> int:
         finished = 0
-        for out in self.engine.step():
+        for out in outputs:
             if out.finished:
                 record = requests[out.request_id]
                 record.token_times_s = list(out.token_times_s)
@@ -109,8 +117,59 @@ class _InferEngine:
         return finished
 
 
-def drive(
-    engine: SteppedEngine,
+class _Arrivals:
+    """The benchmark's ``Feed``: adds each request of a workload when it is due (or, for a
+    sequential workload, when the one before has finished) and records what comes out.
+    Request ids are ``<tag>-<index>``."""
+
+    def __init__(self, engine: BenchEngine, workload: Workload, tag: str, bar: tqdm) -> None:
+        self.engine = engine
+        self.workload = workload
+        self.tag = tag
+        self.bar = bar
+        specs = workload.requests
+        order = (
+            range(len(specs))
+            if workload.sequential
+            else sorted(range(len(specs)), key=lambda i: specs[i].arrival_s)
+        )
+        self.pending = deque(order)
+        self.metrics: dict[str, RequestMetrics] = {}
+        self.start = time.perf_counter()
+
+    def may_take_in(self) -> bool:
+        return bool(self.pending) and not self.workload.sequential
+
+    def take_in(self, idle: bool) -> bool:
+        engine, specs, pending = self.engine, self.workload.requests, self.pending
+        if not pending and not engine.has_unfinished_requests():
+            return False
+        now = time.perf_counter() - self.start
+        while pending and self._is_due(specs[pending[0]].arrival_s, now):
+            index = pending.popleft()
+            spec = specs[index]
+            request_id = f"{self.tag}-{index}"
+            arrival = time.perf_counter() - self.start
+            engine.add(request_id, spec)
+            waited = 0.0 if self.workload.sequential else max(0.0, arrival - spec.arrival_s)
+            self.metrics[request_id] = RequestMetrics(
+                len(spec.prompt_token_ids), arrival, due_wait_s=waited
+            )
+        if pending and not engine.has_unfinished_requests():  # idle until the next arrival
+            time.sleep(max(0.0, specs[pending[0]].arrival_s - now))
+        return True
+
+    def _is_due(self, arrival_s: float, now: float) -> bool:
+        if self.workload.sequential:
+            return not self.engine.has_unfinished_requests()
+        return arrival_s <= now
+
+    def put_out(self, outputs: Sequence[Any]) -> None:
+        self.bar.update(self.engine.record(outputs, self.metrics, self.start))
+
+
+def run_workload(
+    engine: BenchEngine,
     workload: Workload,
     tag: str,
     progress: bool,
@@ -119,45 +178,11 @@ def drive(
     """Add every request of ``workload`` when it is due and step ``engine`` until all have
     finished; the measured loop runs with the start-up heap frozen (as the server's engine
     process does, ``infer.heap``). Request ids are ``<tag>-<index>``."""
-    specs = workload.requests
-    order = (
-        range(len(specs))
-        if workload.sequential
-        else sorted(range(len(specs)), key=lambda i: specs[i].arrival_s)
-    )
-    pending = deque(order)
-    metrics: dict[str, RequestMetrics] = {}
+    total = len(workload.requests)
     with (
         frozen_heap(),
-        tqdm(
-            total=len(specs), desc=f"{label} {workload.name}", unit="req", disable=not progress
-        ) as bar,
+        tqdm(total=total, desc=f"{label} {workload.name}", unit="req", disable=not progress) as bar,
     ):
-        start = time.perf_counter()
-        while pending or engine.has_unfinished_requests():
-            if pending and not workload.sequential:
-                engine.wait_to_schedule()
-            now = time.perf_counter() - start
-            while pending and _is_due(workload, specs[pending[0]].arrival_s, now, engine):
-                index = pending[0]
-                spec = specs[index]
-                request_id = f"{tag}-{index}"
-                arrival = time.perf_counter() - start
-                engine.add(request_id, spec)
-                pending.popleft()
-                waited = 0.0 if workload.sequential else max(0.0, arrival - spec.arrival_s)
-                metrics[request_id] = RequestMetrics(
-                    len(spec.prompt_token_ids), arrival, due_wait_s=waited
-                )
-            if not engine.has_unfinished_requests():
-                if pending:  # idle until the next arrival
-                    time.sleep(max(0.0, specs[pending[0]].arrival_s - now))
-                continue
-            bar.update(engine.step(metrics, start))
-    return [metrics[f"{tag}-{i}"] for i in range(len(specs))]
-
-
-def _is_due(workload: Workload, arrival_s: float, now: float, engine: SteppedEngine) -> bool:
-    if workload.sequential:
-        return not engine.has_unfinished_requests()
-    return arrival_s <= now
+        arrivals = _Arrivals(engine, workload, tag, bar)
+        drive(engine, arrivals)
+    return [arrivals.metrics[f"{tag}-{i}"] for i in range(total)]

@@ -7,7 +7,7 @@ every request produces exactly its output length); a shape preset becomes a fold
 ``config.json`` that vLLM loads with ``load_format="dummy"`` (random weights at the real
 shapes, as ``--load-format dummy`` does for infer); a checkpoint directory is loaded as it is.
 
-The engine is stepped by ``infer.bench.offline.drive``, the loop that drives infer's engine:
+The engine is stepped by ``infer.bench.offline.run_workload``, as infer's engine is:
 requests are added at their arrival times, and outputs come as deltas
 (``RequestOutputKind.DELTA``), so each token is timed when the step that made it returns
 (``LLM.generate`` only returns finished requests, without token times).
@@ -23,12 +23,13 @@ import importlib.util
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
 from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
-from infer.bench.offline import check_fits, drive
+from infer.bench.offline import check_fits, run_workload
 from infer.bench.sampling import GREEDY, BenchSampling
 from infer.config import EngineConfig
 from infer.loader import resolve_model
@@ -136,8 +137,8 @@ def run_vllm(
     check_fits(workload, llm.llm_engine.vllm_config.model_config.max_model_len)
     stepped = _VllmEngine(llm.llm_engine, sampling)
     if warmup is not None:
-        drive(stepped, warmup, "warmup", progress=False, label="vllm")
-    result = RunResult(drive(stepped, workload, "bench", progress, label="vllm"))
+        run_workload(stepped, warmup, "warmup", progress=False, label="vllm")
+    result = RunResult(run_workload(stepped, workload, "bench", progress, label="vllm"))
     if workload.is_burst:
         result.extra["generate_output_tok_s"] = _generate_tok_s(llm, workload, sampling)
     return result
@@ -164,7 +165,7 @@ def _generate_tok_s(llm: Any, workload: Workload, sampling: BenchSampling) -> fl
 
 
 class _VllmEngine:
-    """vLLM's ``LLMEngine`` as a ``SteppedEngine``."""
+    """vLLM's ``LLMEngine`` as a ``BenchEngine``."""
 
     def __init__(self, engine: Any, sampling: BenchSampling) -> None:
         from vllm import SamplingParams
@@ -179,6 +180,8 @@ class _VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
+    stalled = False  # vLLM compiles grammars inside its step
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.engine.has_unfinished_requests())
 
@@ -189,8 +192,12 @@ class _VllmEngine:
         prompt = {"prompt_token_ids": spec.prompt_token_ids}
         self.engine.add_request(request_id, prompt, self._params(spec.max_tokens))
 
-    def step(self, requests: dict[str, RequestMetrics], start: float) -> int:
-        outputs = self.engine.step()
+    def step(self) -> list[Any]:
+        return list(self.engine.step())
+
+    def record(
+        self, outputs: Sequence[Any], requests: dict[str, RequestMetrics], start: float
+    ) -> int:
         now = time.perf_counter() - start
         finished = 0
         for out in outputs:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.engine.engine import Engine
+from infer.engine.loop import UpFront, drive
+from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
 
 
@@ -60,19 +63,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     engine.add_request(prompt, params)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            text = out.new_text if engine.tokenizer else " ".join(map(str, out.new_token_ids))
-            if args.stream and text:
-                sys.stdout.write(text if engine.tokenizer else text + " ")
-                sys.stdout.flush()
-            if out.finished:
-                if not args.stream:
-                    sys.stdout.write(
-                        out.text if engine.tokenizer else " ".join(map(str, out.token_ids))
-                    )
-                sys.stdout.write("\n")
-                if out.error:
-                    print(f"error: {out.error}", file=sys.stderr)
-                    return 1
-    return 0
+    printer = _Printer(engine, stream=args.stream)
+    drive(engine, printer)
+    return 1 if printer.failed else 0
+
+
+class _Printer(UpFront[RequestOutput]):
+    """Writes one request's text (as it comes, with ``--stream``)."""
+
+    def __init__(self, engine: Engine, stream: bool) -> None:
+        super().__init__(engine, engine.wakeup)
+        self.tokenizer = engine.tokenizer
+        self.stream = stream
+        self.failed = False
+
+    def put_out(self, outputs: Sequence[RequestOutput]) -> None:
+        for out in outputs:
+            self._write(out)
+
+    def _write(self, out: RequestOutput) -> None:
+        ids = self.tokenizer is None
+        text = " ".join(map(str, out.new_token_ids)) if ids else out.new_text
+        if self.stream and text:
+            sys.stdout.write(text + " " if ids else text)
+            sys.stdout.flush()
+        if out.finished:
+            if not self.stream:
+                sys.stdout.write(" ".join(map(str, out.token_ids)) if ids else out.text)
+            sys.stdout.write("\n")
+            if out.error:
+                print(f"error: {out.error}", file=sys.stderr)
+                self.failed = True

@@ -10,23 +10,21 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
-from infer.engine.bitmask import Bitmask, start_bitmask
 from infer.engine.draft_proposer import DraftModelProposer
 from infer.engine.grammar_cache import StructuredOutputs
 from infer.engine.output import request_output
-from infer.engine.pacing import LaunchPacer, StepShape
+from infer.engine.pacing import LaunchPacer
+from infer.engine.pipeline import Pipeline
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
 from infer.engine.request import Request, RequestOutput, TokenLogprob
-from infer.engine.runner import ForwardedStep, LaunchedStep
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
+from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.speculation import NgramProposer, Proposer
 from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
@@ -38,33 +36,6 @@ if TYPE_CHECKING:
     from infer.engine.tp_worker import Workers
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class UncollectedStep:
-    """A launched step whose samples the host has not collected yet."""
-
-    scheduled: SchedulerOutput
-    launched: LaunchedStep | None
-
-
-@dataclass
-class Deferred:
-    """A step queued behind the one in flight whose sampling reads that step's tokens (a
-    grammar's mask, penalties): its forward pass is queued, its sampling waits for them."""
-
-    scheduled: SchedulerOutput
-    forwarded: ForwardedStep | None
-
-
-def _shape(scheduled: SchedulerOutput) -> StepShape:
-    return scheduled.num_tokens, len(scheduled.chunks)
-
-
-def _reads_outputs(scheduled: SchedulerOutput) -> bool:
-    """Whether a step's sampling reads its requests' outputs so far on the host (a
-    grammar's mask, penalties), so it must wait for the step before it."""
-    return any(r.params.needs_output_tokens for r in scheduled.requests())
 
 
 class Engine:
@@ -97,11 +68,14 @@ class Engine:
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len, self._proposer())
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
-        self.pacer = (
-            LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
+        pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
+        self.pipeline = Pipeline(
+            self.scheduler,
+            self.runner,
+            run_ahead=config.use_async_scheduling,
+            pacer=pacer,
+            on_launch=self._launched,
         )
-        self._uncollected: UncollectedStep | None = None
-        self._deferred: Deferred | None = None
         # The last step found nothing it could run (only requests whose grammars compile):
         # loops then block on ``wakeup`` (set when one has compiled) and their inputs.
         self.stalled = False
@@ -188,9 +162,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return (
-            self.scheduler.has_work() or self._uncollected is not None or self._deferred is not None
-        )
+        return self.scheduler.has_work() or self.pipeline.busy
 
     @property
     def num_running(self) -> int:
@@ -205,8 +177,7 @@ class Engine:
         """For loops that take in new requests between steps: sleep until the step in flight
         is about to end (``LaunchPacer``), then take them in and call ``step``, so that they
         join the step queued next. Returns at once when there is nothing to pace."""
-        if self.pacer is not None and self._uncollected is not None and self._deferred is None:
-            self.pacer.wait(_shape(self._uncollected.scheduled))
+        self.pipeline.wait_to_schedule()
 
     def step(self) -> list[RequestOutput]:
         """One engine step (``_step``), recorded for the dashboard while one watches."""
@@ -223,138 +194,41 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         """One engine step: schedule → launch → collect → update; returns the progress of
-        every request that produced output.
-
-        With ``use_async_scheduling``, the next step is scheduled and launched before this
-        one's tokens are collected (its rows that sampled here take their tokens on the
-        device), so the host's bookkeeping overlaps the device's work and the device never
-        waits between steps; the next call collects it. When its sampling reads the output so
-        far on the host (a grammar's mask, penalties), only its forward pass is queued ahead
-        (``Deferred``); once this step's tokens are collected, llguidance fills its masks
-        while the host records the tokens and schedules the step after it, then it is
-        sampled and the step after it queued behind.
-        """
-        outputs: list[RequestOutput] = []
+        every request that produced output. With async scheduling the next step is launched
+        before this one is collected, and the next call collects it (``Pipeline``)."""
         self.stalled = False
-        current, self._uncollected = self._uncollected, None
-        deferred, self._deferred = self._deferred, None
-        involved = [] if current is None else current.scheduled.requests()
-        if deferred is not None:
-            involved += deferred.scheduled.requests()
+        pipeline = self.pipeline
+        current, deferred = pipeline.take()
+        outputs: list[RequestOutput] = []
         try:
-            if current is None:
-                scheduled = self.scheduler.schedule()
-                outputs += [self._output(r) for r in scheduled.failed]
-                if not scheduled.chunks:
+            if current is None:  # nothing in flight: schedule and launch a step now
+                scheduled = pipeline.schedule()
+                if scheduled is None:
                     self.stalled = self.scheduler.has_work()
-                    return outputs
-                involved = scheduled.requests()
-                current = self._launch(scheduled)
+                    return self._outputs(pipeline.failed)
+                current = pipeline.launch(scheduled)
             if deferred is None:
-                deferred = self._launch_ahead(current, involved, outputs)
-            result = self._collect(current)
-            bitmask = None if deferred is None else self._start_bitmask(deferred, current, result)
+                deferred = pipeline.run_ahead(current)
+            result = pipeline.collect(current)
+            bitmask = pipeline.start_bitmask(deferred, current, result)
             outputs += self._end_failed_grammars()
             for new in self.scheduler.update(current.scheduled, result):
                 outputs.append(self._output(new.request, new.token_ids, new.logprobs, new.text))
             if deferred is not None:  # the tokens its sampling reads are known now
-                self._sample_deferred(deferred, bitmask, involved, outputs)
+                pipeline.sample(deferred, bitmask)
         except WorkerDiedError:  # no step can run any more
             raise
         except Exception as exc:  # only the request that causes it fails; the rest retry
             if self.workers is not None:  # unless a collective failed because a worker died
                 self.workers.check_alive(grace_s=1.0)  # (its exit may lag its sockets')
             logger.exception("engine step failed")
-            self._uncollected = self._deferred = None
-            failed = self.scheduler.recover(involved, f"{type(exc).__name__}: {exc}")
-            outputs += [self._output(r) for r in failed]
+            pipeline.clear()
+            error = f"{type(exc).__name__}: {exc}"
+            outputs += self._outputs(self.scheduler.recover(pipeline.involved, error))
+        outputs += self._outputs(pipeline.failed)
         self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
-
-    def _launch_ahead(
-        self, current: UncollectedStep, involved: list[Request], outputs: list[RequestOutput]
-    ) -> Deferred | None:
-        """With async scheduling, launch the step that follows ``current`` (it becomes the
-        step in flight), or only its forward pass when its sampling reads the output so far
-        (returned, to be sampled once ``current``'s tokens are known). Its requests join
-        ``involved`` (those a failure of this step concerns)."""
-        if not self.config.use_async_scheduling:
-            return None
-        scheduled = self._schedule_after(current.scheduled, involved, outputs)
-        if scheduled is None:
-            return None
-        if _reads_outputs(scheduled):
-            return self._defer(scheduled, current.launched)
-        self._uncollected = self._launch(scheduled, current.launched)
-        return None
-
-    def _collect(self, current: UncollectedStep) -> StepResult:
-        """Wait for the step's samples; a pacer also learns when the next step was queued
-        and whether this one was still running then."""
-        if self.pacer is None:
-            return self.runner.collect(current.launched)
-        self.pacer.launched()
-        waited = not self.runner.is_done(current.launched)
-        result = self.runner.collect(current.launched)
-        queued_behind = self._uncollected is not None
-        self.pacer.collected(_shape(current.scheduled), waited, queued_behind)
-        return result
-
-    def _sample_deferred(
-        self,
-        deferred: Deferred,
-        bitmask: Bitmask | None,
-        involved: list[Request],
-        outputs: list[RequestOutput],
-    ) -> None:
-        """Sample the deferred step (it becomes the step in flight). While constrained or
-        penalised rows go on, the step after it is scheduled first, as its masks fill, and
-        its forward pass queued behind the sampling: deferred in turn."""
-        after = None
-        if self.config.use_async_scheduling and _reads_outputs(deferred.scheduled):
-            after = self._schedule_after(deferred.scheduled, involved, outputs)
-        sampled = None
-        if deferred.forwarded is not None:
-            sampled = self.runner.sample(deferred.forwarded, bitmask)
-        self._uncollected = UncollectedStep(deferred.scheduled, sampled)
-        if after is not None:
-            self._deferred = self._defer(after, sampled)
-
-    def _schedule_after(
-        self, previous: SchedulerOutput, involved: list[Request], outputs: list[RequestOutput]
-    ) -> SchedulerOutput | None:
-        """The step after ``previous`` (in flight), None when there is none to run ahead;
-        admissions that failed are reported in ``outputs``."""
-        scheduled = self.scheduler.schedule_ahead(previous)
-        if scheduled is None:
-            return None
-        involved += scheduled.requests()
-        outputs += [self._output(r) for r in scheduled.failed]
-        return scheduled if scheduled.chunks else None
-
-    def _defer(self, scheduled: SchedulerOutput, previous: LaunchedStep | None) -> Deferred:
-        """Queue only the step's forward pass (behind ``previous``)."""
-        self._count_prompt_tokens(scheduled)
-        deferred = Deferred(scheduled, self.runner.forward(scheduled, previous))
-        self._watch_launch(scheduled)
-        return deferred
-
-    def _start_bitmask(
-        self, deferred: Deferred, current: UncollectedStep, result: StepResult
-    ) -> Bitmask | None:
-        """Start filling the deferred step's grammar masks, from the tokens just collected
-        (the matchers consume them before ``update`` records them)."""
-        if deferred.forwarded is None:
-            return None
-        sampled = current.scheduled.chunks_that_sample()
-        pending = {
-            c.request.request_id: token
-            for c, token in zip(sampled, result.token_ids)
-            if c.request.grammar is not None
-        }
-        requests = deferred.forwarded.requests
-        return start_bitmask(requests, self.runner.vocab_size, self.device, pending)
 
     def _end_failed_grammars(self) -> list[RequestOutput]:
         """End the requests whose matcher failed in a fill done by now (every fill of a step
@@ -369,23 +243,16 @@ class Engine:
                 ended.append(self._output(request))
         return ended
 
-    def _launch(
-        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
-    ) -> UncollectedStep:
-        """Queue a step on the device; its samples stay there until collected."""
-        self._count_prompt_tokens(scheduled)
-        uncollected = UncollectedStep(scheduled, self.runner.launch(scheduled, previous))
-        self._watch_launch(scheduled)
-        return uncollected
-
-    def _watch_launch(self, scheduled: SchedulerOutput) -> None:
-        if self.watch.recording:
-            self.watch.launched(scheduled, self.runner.graphed)
-
-    def _count_prompt_tokens(self, scheduled: SchedulerOutput) -> None:
+    def _launched(self, scheduled: SchedulerOutput) -> None:
+        """Count the prompt tokens of a step just queued, and show it to a watcher."""
         for chunk in scheduled.chunks:
             if chunk.request.num_output_tokens == 0:
                 self.num_prompt_tokens += chunk.num_tokens
+        if self.watch.recording:
+            self.watch.launched(scheduled, self.runner.graphed)
+
+    def _outputs(self, requests: list[Request]) -> list[RequestOutput]:
+        return [self._output(r) for r in requests]
 
     def _output(
         self,

@@ -10,10 +10,10 @@ from tqdm import tqdm
 
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.engine.loop import UpFront, drive
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
-from infer.engine.wakeup import STALL_CHECK_S
 from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message
@@ -107,16 +107,11 @@ class LLM:
             for request_id in added:
                 self.engine.abort(request_id)
             raise
-        finished: dict[str, RequestOutput] = {}
         total = sum(p.n for p in params)
         with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished:
-                        finished[out.request_id] = out
-                        bar.update(1)
-                if self.engine.stalled:  # grammars compile: wait for one, not in a busy loop
-                    self.engine.wakeup.wait(STALL_CHECK_S)
+            batch = _Batch(self.engine, bar)
+            drive(self.engine, batch)
+        finished = batch.finished
         return [
             GenerationResult(
                 texts[i],
@@ -126,6 +121,21 @@ class LLM:
             )
             for i in range(len(prompts))
         ]
+
+
+class _Batch(UpFront[RequestOutput]):
+    """Collects the finished sequences of a batch."""
+
+    def __init__(self, engine: Engine, bar: tqdm) -> None:
+        super().__init__(engine, engine.wakeup)
+        self.bar = bar
+        self.finished: dict[str, RequestOutput] = {}
+
+    def put_out(self, outputs: Sequence[RequestOutput]) -> None:
+        for out in outputs:
+            if out.finished:
+                self.finished[out.request_id] = out
+                self.bar.update(1)
 
 
 def _is_single_prompt(prompts: object) -> bool:

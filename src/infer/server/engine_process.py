@@ -13,8 +13,9 @@ to each API process (one, or several: ``api_workers.py``) over a pair of pipes o
   ones; the engine's counters), ``CallResult`` per ``Call``, and ``EngineFailed`` if the
   engine cannot go on.
 
-Each iteration waits until the step in flight is about to end (``Engine.wait_to_schedule``),
-runs every queued command, then one ``engine.step()``. While nothing runs it blocks on the
+The engine is driven by ``engine/loop.py``'s loop, this process's commands its feed: each
+iteration waits until the step in flight is about to end (``Engine.wait_to_schedule``), runs
+every queued command, then one ``engine.step()``. While nothing runs it blocks on the
 command pipes. Signals are ignored here: the API process that started the engine decides
 when to stop, and the engine exits when told to or when that process's end of the pipe
 closes. When an API worker's pipe closes, its requests are aborted and the rest go on.
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 
 from infer.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.engine.loop import SteppedEngine, drain, drive
 from infer.engine.prompts import Prompt
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
@@ -73,7 +75,7 @@ class _SchedulerCounters(Protocol):
     def speculation(self) -> SpeculationStats: ...
 
 
-class ServedEngine(Protocol):
+class ServedEngine(SteppedEngine[RequestOutput], Protocol):
     """What the engine loop drives: ``Engine``, or a stand-in that measures the API
     process alone (``standin.py``)."""
 
@@ -83,19 +85,10 @@ class ServedEngine(Protocol):
 
     def abort(self, request_id: str) -> bool: ...
 
-    def has_unfinished_requests(self) -> bool: ...
-
     @property
-    def stalled(self) -> bool:
-        """The last step found nothing it could run (``wakeup`` says when it may)."""
+    def wakeup(self) -> Wakeup:
+        """Set when a request that could not run (``stalled``) may run now."""
         ...
-
-    @property
-    def wakeup(self) -> Wakeup: ...
-
-    def wait_to_schedule(self) -> None: ...
-
-    def step(self) -> list[RequestOutput]: ...
 
     def utilization(self) -> float: ...
 
@@ -247,22 +240,18 @@ class _EngineLoop:
         self.owners: dict[str, _ApiLink] = {}  # each unfinished request's API process
 
     def run(self) -> None:
-        while True:
-            busy = self.engine.has_unfinished_requests()
-            self.collections.collect_if_due(idle=not busy)
-            if busy:
-                self.engine.wait_to_schedule()  # requests that come meanwhile join the next step
-            if not self._run_commands():
-                return
-            if self.engine.has_unfinished_requests():
-                self._send_step(self.engine.step())
+        drive(self.engine, self)
 
-    def _run_commands(self) -> bool:
+    # --- the loop's feed -------------------------------------------------------------------
+    def may_take_in(self) -> bool:
+        return True
+
+    def take_in(self, idle: bool) -> bool:
         """Run the queued commands of every API process; False on stop. While the engine
         has nothing to run (no requests, or only ones whose grammars compile) it blocks
         until a command comes or the engine's wake-up is set: an idle engine costs no CPU."""
         engine = self.engine
-        idle = not engine.has_unfinished_requests() or engine.stalled
+        self.collections.collect_if_due(idle=not engine.has_unfinished_requests())
         ran = False
         while True:
             if idle and not ran:
@@ -294,7 +283,7 @@ class _EngineLoop:
                         self._abort_all()
                         return False
         if idle and ran:
-            self._send_step([])  # e.g. aborts of waiting requests: the counters changed
+            self.put_out([])  # e.g. aborts of waiting requests: the counters changed
         return True
 
     def _add(self, api: _ApiLink, requests: list[NewRequest]) -> None:
@@ -305,7 +294,7 @@ class _EngineLoop:
             try:
                 self.engine.add_request(token_ids, params, request_id)
             except ValueError as exc:  # validated by the API process; kept as a safety net
-                self._send_step([_failed(request_id, str(exc))])
+                self.put_out([_failed(request_id, str(exc))])
 
     def _abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -333,11 +322,10 @@ class _EngineLoop:
 
     def _abort_all(self) -> None:
         self._abort(list(self.owners))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()  # retires the aborted requests (and a step in flight)
-        self._send_step([])
+        drain(self.engine)  # retires the aborted requests (and a step in flight)
+        self.put_out([])
 
-    def _send_step(self, outputs: list[RequestOutput]) -> None:
+    def put_out(self, outputs: Sequence[RequestOutput]) -> None:
         """Each API process gets its requests' progress and the engine's counters."""
         owners = self.owners
         for out in outputs:
