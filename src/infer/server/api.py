@@ -28,6 +28,7 @@ from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
 from infer.server.grammar_check import GrammarChecker
 from infer.server.in_flight import InFlight
+from infer.server.json_body import JSONBodyRoute
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics
 from infer.server.openapi import (
@@ -131,6 +132,7 @@ def create_app(
                 await asyncio.to_thread(grammars.close)
 
     app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
+    app.router.route_class = JSONBodyRoute  # large bodies parsed off the event loop
     app.state.engine = engine
     install_error_handlers(app)
     install_openapi(app)
