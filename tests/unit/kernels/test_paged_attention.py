@@ -317,8 +317,14 @@ def test_split_kv_decode_reuses_its_scratch_across_calls(num_splits: int) -> Non
     assert len(scratch) == 1 and scratch[0][-1].count_nonzero() == 0
 
 
-@pytest.mark.parametrize("prefill_splits", [2, 5, 9])
-@pytest.mark.parametrize("window", [0, 37])
+# Three cases of the six (windows 0 and 37 x 2, 5 and 9 splits), each kernel path still run
+# (the same lines of the kernels run as with all six): 2 splits, unwindowed: a power-of-two
+# split count (the merge masks no slot) and pieces of several key steps, as many pieces as
+# splits; 9 splits, unwindowed: pieces clamped to two key steps, so the 200-key row has 7
+# pieces and splits 7 and 8 exit with no key; 5 splits, window 37: the window's masked key
+# steps, at most 41 keys a tile (two pieces of two steps, three idle splits), a split count
+# the merge pads to 8. Every case has tiles cut in pieces and tiles of one piece.
+@pytest.mark.parametrize(("window", "prefill_splits"), [(0, 2), (0, 9), (37, 5)])
 def test_split_kv_prefill(prefill_splits: int, window: int) -> None:
     """Prefill tiles whose keys are cut into pieces, merged by the last piece to finish: a
     cached prefix's few new tokens, a chunk over a longer context, a whole prompt, and pieces
@@ -328,9 +334,10 @@ def test_split_kv_prefill(prefill_splits: int, window: int) -> None:
 
 
 def test_split_kv_prefill_reuses_its_scratch_across_calls() -> None:
-    """Layers of a step share the split partials; each call overwrites every piece it reads."""
+    """Layers of a step share the split partials; each call overwrites every piece it reads
+    (the second layer's call reads where the first one's partials are)."""
     q, k, v, meta = make_batch([(130, 9), (70, 1), (40, 20)], heads=(4, 2))
-    for layer in range(3):
+    for layer in range(2):
         q_layer = q + layer
         out = paged_attention_triton(
             q_layer, k, v, meta, 32**-0.5, prefill_tile=SMALL_PREFILL, prefill_splits=4

@@ -174,8 +174,14 @@ def test_a_token_bitmask_unpacks_to_exactly_the_tokens_whose_bit_is_set() -> Non
     assert torch.equal(unpack_mask(TokenMask(bits, rows), vocab), expected)
 
 
-def test_the_triton_kernel_draws_the_reference_tokens() -> None:
-    """Every filter and a mask at once (under TRITON_INTERPRET on a CPU: few rows)."""
+def test_the_triton_kernel_draws_the_reference_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every filter and a mask at once (under TRITON_INTERPRET on a CPU: few rows). Blocks
+    of 64 cut a row into five, the last one partial: every pass loops over blocks and masks
+    the vocabulary's end, and top-k sorts 4 x 64 lane values (4 x 512 at the default block,
+    which the interpreter takes seconds a row to sort)."""
+    import infer.kernels.sampling_triton as kernel
+
+    monkeypatch.setattr(kernel, "_MAX_BLOCK", 64)
     torch.manual_seed(3)
     vocab, count = 300, 12
     logits = torch.randn(count, vocab) * 2
@@ -199,16 +205,17 @@ def test_top_k_counts_again_when_one_lane_holds_more_than_four_of_the_largest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A lane of the kernel keeps its four largest values; where one lane holds more of the
-    row's largest (here every 64th token, with blocks of 64), the kernel's counting passes
-    must find the k-th largest instead (under TRITON_INTERPRET on a CPU)."""
+    row's largest (here every 16th token, with blocks of 16), the kernel's counting passes
+    must find the k-th largest instead (under TRITON_INTERPRET on a CPU, blocks of 16: ten
+    blocks, the last one partial, and a sort of 4 x 16 lane values)."""
     import infer.kernels.sampling_triton as kernel
 
-    monkeypatch.setattr(kernel, "_MAX_BLOCK", 64)
+    monkeypatch.setattr(kernel, "_MAX_BLOCK", 16)
     torch.manual_seed(5)
-    vocab, count = 600, 6
+    vocab, count = 150, 6
     logits = torch.randn(count, vocab)
-    logits[:, ::64] += 8.0  # ten large values, all in lane 0
-    logits[1, 128] = logits[1, 64]  # a tie at the k-th largest
+    logits[:, ::16] += 8.0  # ten large values, all in lane 0
+    logits[1, 32] = logits[1, 16]  # a tie at the k-th largest
     rows = RowSettings(
         temperature=torch.ones(count),
         top_k=torch.tensor([3, 6, 9, 12, 40, 7]),
