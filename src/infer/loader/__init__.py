@@ -8,6 +8,7 @@ with a progress bar and an error naming any missing, unexpected or misshapen ten
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,19 @@ class ModelSource:
         return self.path
 
 
+def open_gguf(path: Path) -> GGUFFile:
+    """The opened GGUF file, parsed once per process while it is unchanged: parsing its
+    metadata (a vocabulary's 100,000s of strings) takes over a second, and a process may
+    resolve one model several times (a benchmark and its engine, tests)."""
+    stat = path.stat()
+    return _parsed_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed_gguf(path: Path, mtime_ns: int, size: int) -> GGUFFile:
+    return GGUFFile(path)
+
+
 def resolve_model(model: str) -> ModelSource:
     """Find the model behind a ``--model`` value."""
     if model == DEFAULT_MODEL:
@@ -63,7 +77,7 @@ def resolve_model(model: str) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} does not exist")
-        gguf_file = GGUFFile(path)
+        gguf_file = open_gguf(path)
         return ModelSource(path.name, "gguf", gguf_file.hf_config(), path, gguf_file)
     if path.is_dir():
         return ModelSource(path.name, "safetensors", SafetensorsCheckpoint(path).config, path)
@@ -170,7 +184,7 @@ def load_model(
         fill_dummy_weights(model, seed)
     elif source.kind == "gguf":
         assert source.path is not None
-        gguf_file = source.gguf or GGUFFile(source.path)
+        gguf_file = source.gguf or open_gguf(source.path)
         load_checkpoint(
             model,
             gguf_file.tensors(config.num_heads, config.num_kv_heads),

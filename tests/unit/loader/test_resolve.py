@@ -42,6 +42,18 @@ def test_gguf_file(tiny_gguf: Callable[[str], TinyGGUF]) -> None:
     assert source.gguf is not None and source.gguf.path == path
 
 
+def test_a_gguf_file_is_parsed_once_until_it_changes(
+    tiny_gguf: Callable[[str], TinyGGUF], tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny_gguf("llama").path.read_bytes())
+    first = resolve_model(str(copy)).gguf
+    assert first is not None and resolve_model(str(copy)).gguf is first
+    copy.write_bytes(tiny_gguf("qwen3").path.read_bytes())  # another model at the same path
+    changed = resolve_model(str(copy))
+    assert changed.gguf is not first and changed.hf_config["model_type"] == "qwen3"
+
+
 def test_missing_gguf_file_is_named(tmp_path: Path) -> None:
     path = tmp_path / "absent.gguf"
     with pytest.raises(FileNotFoundError, match=f"{path} does not exist"):
