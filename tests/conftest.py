@@ -145,12 +145,24 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return make
 
 
+SMOLLM2_OPTIONS: dict[str, Any] = {"num_gpu_blocks": 512, "max_seq_len": 2048, "max_batch_size": 32}
+
+
+@pytest.fixture(scope="session")
+def smollm2_config() -> Any:
+    """The settings of ``smollm2_llm``, for servers of the same model (which build their own
+    engine: a test needing only them builds no model in-process)."""
+    from infer.config import EngineConfig
+
+    return EngineConfig(model="smollm2-135m", **SMOLLM2_OPTIONS)
+
+
 @pytest.fixture(scope="session")
 def smollm2_llm() -> Iterator[Any]:
     """The embedded SmolLM2-135M on the CPU, shared by every test that only reads from it."""
     from infer import LLM
 
-    yield LLM("smollm2-135m", num_gpu_blocks=512, max_seq_len=2048, max_batch_size=32)
+    yield LLM("smollm2-135m", **SMOLLM2_OPTIONS)
 
 
 @pytest.fixture(scope="session")

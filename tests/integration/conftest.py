@@ -19,8 +19,8 @@ from infer.server import build_server, serve_in_thread
 
 
 @pytest.fixture(scope="session")
-def url(smollm2_llm: Any) -> Iterator[str]:
-    server = build_server(smollm2_llm.config, port=0, log_level="warning")
+def url(smollm2_config: Any) -> Iterator[str]:
+    server = build_server(smollm2_config, port=0, log_level="warning")
     with serve_in_thread(server) as base_url:
         yield base_url
 

@@ -20,14 +20,14 @@ CHAIN = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(6000)) + 
 
 
 @pytest.fixture(scope="module")
-def url(smollm2_llm: Any) -> Any:
+def url(smollm2_config: Any) -> Any:
     # Room for 100,000 choices (~2.4 MB), so that it is the compile's deadline they meet.
     limits = RequestLimits(
         max_body_bytes=4_000_000, max_grammar_bytes=4_000_000, max_choices=200_000,
         max_messages=8,
     )  # fmt: skip
     server = build_server(
-        smollm2_llm.config, port=0, log_level="warning", limits=limits, grammar_timeout=3.0
+        smollm2_config, port=0, log_level="warning", limits=limits, grammar_timeout=3.0
     )
     with serve_in_thread(server) as base_url:
         yield base_url

@@ -25,7 +25,7 @@ from infer.server.launch import ServerProcess, spawn_server
 KEY = "sk-test-key"
 REQUEST_TIMEOUT_S = 15.0  # longer than the SIGTERM test's requests take on a busy CPU
 SHUTDOWN_TIMEOUT_S = 5.0
-IDLE_S = 10.0
+IDLE_S = 5.0
 # Outlives REQUEST_TIMEOUT_S even on a fast CPU; two of them fit in the pool together.
 LONG = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
 
@@ -90,7 +90,7 @@ def test_served_model_name(server: ServerProcess) -> None:
 
 @pytest.mark.serial
 def test_an_idle_engine_sleeps_and_wakes_at_once(server: ServerProcess) -> None:
-    """Three times: no CPU over 10 s without requests, then a request that runs as soon as
+    """Three times: no CPU over 5 s without requests, then a request that runs as soon as
     one that follows another does (time to its one token, against the best of three). The
     margin is a shared VM's wake-up noise (0.3 s seen on CI after each idle period, none
     here); what it catches is a loop that sleeps for a period, such as the engine's 1-s
