@@ -31,7 +31,8 @@ from infer.workloads import RequestSpec, Workload
 
 
 class BenchEngine(SteppedEngine[Any], Protocol):
-    """What ``drive`` needs of an engine: add a request, run a step, record its outputs."""
+    """What ``run_workload`` needs of an engine: add a request, run a step, record its
+    outputs."""
 
     def add(self, request_id: str, spec: RequestSpec) -> None:
         """Queue one request (the run's sampling settings, EOS ignored)."""
