@@ -21,9 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
-
+from infer.kernels.verify_inputs import ngram_lookup
 from infer.speculative_config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -64,20 +62,7 @@ class NgramProposer:
         pass  # it keeps nothing
 
     def lookup(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        length = len(token_ids)
-        if max_tokens <= 0 or length <= self.min_n:
-            return []
-        tokens = np.asarray(token_ids, dtype=np.int64)
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            # Windows ending before the last token: each has at least one token after it.
-            windows = sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            if hits.size:
-                # The latest with a whole proposal after it; else the earliest (longest).
-                whole = hits[hits + n + max_tokens <= length]
-                start = int(whole[-1] if whole.size else hits[0]) + n
-                return token_ids[start : start + max_tokens]
-        return []
+        return ngram_lookup(token_ids, max_tokens, self.min_n, self.max_n)
 
 
 def accepted_length(proposals: list[int], samples: list[int]) -> int:

@@ -5,8 +5,11 @@ gathered token by token through the block table, so any block size works and a s
 starts reading at its first visible key. The query heads that share a KV head are rows of one
 ``tl.dot`` tile, so each K/V tile is loaded once for all of them.
 
-* ``_decode_kernel`` serves sequences with one query row. One program per (sequence, KV head,
-  split); with few sequences and long contexts the keys are split (flash-decoding). With a
+* ``_decode_kernel`` serves sequences with one query row, or, in a step that says so
+  (``decode_queries``: speculative proposals being verified), a few rows causal among
+  themselves: their query heads are rows of the same tile, so checking proposals reads the
+  keys once, as a plain decode row does. One program per (sequence, KV head, split); with
+  few sequences and long contexts the keys are split (flash-decoding). With a
   few splits the last one of a (sequence, KV head) to finish merges the partial results (a
   counter per pair says which is last); with many, ``_combine_kernel`` merges them, one
   program per head, since one program merging dozens of splits in turn is slower.
@@ -43,6 +46,7 @@ _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS_MERGED_IN_KERNEL = 4  # more splits merge in their own kernel (RESULTS.md, 7.3)
+_MAX_DECODE_TILE_ROWS = 64  # (token, head) rows of a decode program verifying proposals
 SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
 SMALL_STEP_TOKENS = 256  # steps with no more tokens split their prefill tiles' keys
 
@@ -184,14 +188,16 @@ def _decode_kernel(
     qk_scale, window, num_splits, row_splits, merge,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DECODE_ONLY: tl.constexpr,
+    DECODE_ONLY: tl.constexpr, QUERIES: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2)
-    if DECODE_ONLY:  # row ``seq`` is a decode row or padding: no list to read first
+    q_len = 1
+    if DECODE_ONLY:  # row ``seq`` has 1 to QUERIES query tokens, or is padding
         row = tl.load(QueryStart + seq)
-        if tl.load(QueryStart + seq + 1) - row != 1:
+        q_len = tl.load(QueryStart + seq + 1) - row
+        if (q_len < 1) | (q_len > QUERIES):
             return
     else:
         num_decode = tl.load(RowCounts)
@@ -204,37 +210,43 @@ def _decode_kernel(
             return
         row = tl.load(QueryStart + seq)
     seq_len = tl.load(SeqLens + seq)
-    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    # The keys some query row sees (the first row's window starts earliest).
+    lo = tl.where(window > 0, tl.maximum(seq_len - q_len + 1 - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
+    # Rows are (token, head) pairs: the QUERIES tokens x the GROUP query heads of this KV head.
     offs_r = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + offs_r
-    rows_ok = offs_r < GROUP
-    q_ptrs = Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    tok = offs_r // GROUP
+    heads = kv_head * GROUP + offs_r % GROUP
+    rows_ok = (offs_r < QUERIES * GROUP) & (tok < q_len)
+    q_ptrs = Q + (row + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=rows_ok[:, None], other=0.0)
-    q_pos = tl.zeros([ROWS], dtype=tl.int32) + (seq_len - 1)
+    q_pos = seq_len - q_len + tok
+    win_lo = tl.where(window > 0, tl.maximum(q_pos - window + 1, 0), 0)
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc, m_i, l_i = _attend_range(
-        acc, m_i, l_i, q, q_pos, q_pos * 0 + lo,
+        acc, m_i, l_i, q, q_pos, win_lo,
         K + kv_head * stride_kh, V + kv_head * stride_vh, Tables + seq * stride_table,
         stride_kb, stride_kt, stride_vb, stride_vt, start, end, end, qk_scale,
         BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
     )
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    o_ptrs = Out + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    o_ptrs = Out + (row + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
         return
-    part = PartOut + seq * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
+    # Partials hold a sequence's query heads token after token.
+    slot = tok * (GROUP * tl.num_programs(0)) + heads
+    part = PartOut + seq * stride_pb + slot[:, None] * stride_ph + offs_d[None, :]
     tl.store(part + split * stride_ps, out, mask=rows_ok[:, None])
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    part_lse = PartLse + seq * stride_lb + heads
+    part_lse = PartLse + seq * stride_lb + slot
     tl.store(part_lse + split * stride_ls, lse, mask=rows_ok)
     if merge != 0:  # a run-time flag: the warmed-up split variant serves both ways
         # The last split of this (sequence, KV head) to finish merges them all. Its acquire
@@ -254,12 +266,15 @@ def _combine_kernel(
     stride_ot, stride_oh, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, num_splits,
     row_splits, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, PREFILL: tl.constexpr,
     DECODE_ONLY: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUERIES: tl.constexpr,
 ):
     """Merges a row's splits, weighting each by its share of the softmax mass: decode rows
-    (partials by sequence) or, with ``PREFILL``, prefill tokens (partials by token) of tiles
-    cut into more than one piece."""
-    head = tl.program_id(0)
+    (partials by sequence, ``QUERIES`` tokens' heads each) or, with ``PREFILL``, prefill
+    tokens (partials by token) of tiles cut into more than one piece."""
+    slot = tl.program_id(0)  # (token, head) of a decode sequence's partials; else the head
     index = tl.program_id(1)
+    head = slot % (tl.num_programs(0) // QUERIES)
+    tok = slot // (tl.num_programs(0) // QUERIES)
     if PREFILL:
         seq = tl.load(TokenRows + index)
         if seq < 0:
@@ -276,8 +291,10 @@ def _combine_kernel(
         row = index
     elif DECODE_ONLY:
         row = tl.load(QueryStart + index)
-        if tl.load(QueryStart + index + 1) - row != 1:
+        q_len = tl.load(QueryStart + index + 1) - row
+        if (q_len < 1) | (q_len > QUERIES) | (tok >= q_len):
             return  # padding
+        row += tok
         pieces = num_splits
     else:
         num_decode = tl.load(RowCounts)
@@ -290,12 +307,12 @@ def _combine_kernel(
     offs_s = tl.arange(0, SPLITS_POW2)
     offs_d = tl.arange(0, HEAD_DIM)
     split_ok = offs_s < pieces
-    lse = tl.load(PartLse + index * stride_lb + offs_s * stride_ls + head, mask=split_ok,
+    lse = tl.load(PartLse + index * stride_lb + offs_s * stride_ls + slot, mask=split_ok,
                   other=float("-inf"))
     m = tl.max(lse, 0)
     weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
     total = tl.sum(weight, 0)
-    part_ptrs = (PartOut + index * stride_pb + offs_s[:, None] * stride_ps + head * stride_ph
+    part_ptrs = (PartOut + index * stride_pb + offs_s[:, None] * stride_ps + slot * stride_ph
                  + offs_d[None, :])
     parts = tl.load(part_ptrs, mask=split_ok[:, None], other=0.0)
     out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
@@ -499,6 +516,23 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
         raise ValueError("paged attention needs a contiguous last (head_dim) dimension")
 
 
+def max_decode_queries(group: int) -> int:
+    """The most query tokens a decode row may have (``decode_queries``) with ``group`` query
+    heads a KV head: their (token, head) rows fill one tile of at most 64 rows."""
+    return max(_MAX_DECODE_TILE_ROWS // group, 1)
+
+
+def _check_decode_queries(meta: RaggedBatch, group: int) -> None:
+    queries = meta.decode_queries
+    if queries == 1:
+        return
+    most = max_decode_queries(group)
+    if not 1 <= queries <= most:
+        raise ValueError(f"decode_queries must be in [1, {most}], got {queries}")
+    if meta.max_query_len > queries:
+        raise ValueError(f"a row has {meta.max_query_len} query tokens, decode_queries {queries}")
+
+
 def _dot_precision(q: Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
@@ -523,9 +557,9 @@ def _launch_decode(
 ) -> None:  # fmt: skip
     num_seqs, (_, num_heads, head_dim) = meta.num_seqs, q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group, queries = num_heads // num_kv_heads, meta.decode_queries
     if num_splits > 1:
-        shape = (num_seqs, num_splits, num_heads, head_dim)
+        shape = (num_seqs, num_splits, queries * num_heads, head_dim)
         part_out, part_lse, counters = scratch(shape, (num_seqs, num_kv_heads))
     else:  # the kernel writes ``out`` itself and never touches the partials
         part_out, part_lse, counters = out[:, :, :, None], out[:, :, 0], meta.seq_lens
@@ -540,10 +574,10 @@ def _launch_decode(
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         scale * _LOG2E, window, num_splits, row_splits, int(merge),
-        GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
-        DOT_PRECISION=_dot_precision(q), DECODE_ONLY=meta.max_query_len == 1,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(queries * group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
+        DOT_PRECISION=_dot_precision(q), DECODE_ONLY=meta.max_query_len <= queries,
+        QUERIES=queries, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not merge:
         _launch_combine(out, part_out, part_lse, meta, num_splits, row_splits)
@@ -562,8 +596,9 @@ def _launch_combine(
         out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1),
         part_out.stride(2), part_lse.stride(0), part_lse.stride(1), num_splits, row_splits,
         SPLITS_POW2=triton.next_power_of_2(num_splits), HEAD_DIM=part_out.shape[3],
-        PREFILL=prefill_tile is not None, DECODE_ONLY=meta.max_query_len == 1,
-        BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=4,
+        PREFILL=prefill_tile is not None, DECODE_ONLY=meta.max_query_len <= meta.decode_queries,
+        BLOCK_Q=block_q, BLOCK_N=block_n, QUERIES=1 if prefill_tile else meta.decode_queries,
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -617,12 +652,14 @@ def paged_attention(
     """Attention of ``q [T, H, D]`` over the paged cache ``[N, Hkv, BS, D]`` → ``[T, H, D]``.
 
     Same contract as ``paged_attention_torch`` (this step's K/V are already in the cache). A
-    decode batch (``max_query_len == 1``) runs the decode kernel alone; otherwise the decode
-    kernel serves the one-query rows and the prefill kernel the others. The keyword arguments
+    decode batch (``max_query_len`` at most ``decode_queries``, 1 unless a step verifies
+    proposals) runs the decode kernel alone; otherwise the decode kernel serves the one-query
+    rows and the prefill kernel the others. The keyword arguments
     override the heuristics (the tests and the kernel benchmark use them); ``scratch``
     supplies the split-KV buffers (new ones per call by default).
     """
     _check_inputs(q, k_cache, v_cache)
+    _check_decode_queries(meta, q.shape[1] // k_cache.shape[1])
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0] == 0:
         return out
@@ -640,7 +677,7 @@ def paged_attention(
     _launch_decode(
         out, q, k_cache, v_cache, meta, scale, sliding_window, splits, row_splits, tile, scratch
     )
-    if meta.max_query_len > 1:
+    if meta.max_query_len > meta.decode_queries:
         tile = prefill_tile or prefill_config(
             head_dim, meta.max_seq_len, q.element_size(), num_tokens
         )

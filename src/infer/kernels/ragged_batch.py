@@ -20,6 +20,9 @@ class RaggedBatch:
     # The decode rows the keys' splits are sized for (flash-decoding), when fewer than the
     # rows: a mixed step's graph holds mostly prompt and padding rows (``cuda_graphs``).
     split_rows: int | None = None
+    # Rows with up to this many new tokens are decode rows, their queries causal among
+    # themselves (a step verifying speculative proposals sets it; no row may have more).
+    decode_queries: int = 1
     # Where the kernels' programs find their work without searching the batch (the host
     # knows it): rows with one new token (decode) first, then rows with more (prefill), then
     # rows with none (a graph bucket's padding), so a grid sized for the bucket starts the

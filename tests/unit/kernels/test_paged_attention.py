@@ -445,3 +445,58 @@ def test_decode_rows_split_by_the_rows_the_step_holds(
     q_padded = torch.cat([q, torch.randn(3, *q.shape[1:])])
     out = paged_attention_triton(q_padded, k, v, padded, 32**-0.5, prefill_tile=SMALL_PREFILL)
     assert_matches(out[: q.shape[0]], reference(q, k, v, meta))
+
+
+def _verify_batch(
+    specs: list[tuple[int, int]], queries: int, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A step verifying proposals: every row has 1 to ``queries`` new tokens."""
+    q, k, v, meta = make_batch(specs, **kwargs)
+    meta.decode_queries = queries
+    return q, k, v, meta
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7], ids=["one", "merged-in-kernel", "combine"])
+@pytest.mark.parametrize("window", [0, 3, 40])
+def test_decode_rows_with_several_queries_are_causal_among_them(
+    num_splits: int, window: int
+) -> None:
+    """Rows verifying proposals (up to five new tokens, some fewer, one plain) match the
+    reference, which masks each token's later neighbours and window."""
+    specs = [(130, 5), (9, 2), (64, 1), (70, 5), (17, 4)]
+    q, k, v, meta = _verify_batch(specs, queries=5, heads=(6, 2))
+    out = paged_attention_triton(q, k, v, meta, 32**-0.5, window, num_splits=num_splits)
+    assert_matches(out, reference(q, k, v, meta, window))
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=["mha", "g4", "mqa"])
+def test_several_query_decode_rows_fill_the_tile_for_every_group(heads: tuple[int, int]) -> None:
+    queries = 3 if heads[0] // heads[1] == 8 else 5
+    q, k, v, meta = _verify_batch([(50, queries), (33, 2)], queries=queries, heads=heads)
+    out = paged_attention_triton(q, k, v, meta, 32**-0.5, num_splits=3)
+    assert_matches(out, reference(q, k, v, meta))
+
+
+def test_several_query_decode_rows_in_float16() -> None:
+    q, k, v, meta = _verify_batch([(90, 4), (40, 3)], queries=4, dtype=torch.float16)
+    assert_matches(paged_attention_triton(q, k, v, meta, 32**-0.5), reference(q, k, v, meta))
+
+
+def test_several_query_rows_padded_to_a_bucket_change_no_real_row() -> None:
+    """A verify graph's padding: rows without tokens and tokens in no row."""
+    q, k, v, meta = _verify_batch([(90, 5), (30, 3)], queries=5, heads=(4, 2))
+    real = q.shape[0]
+    padded = _padded_to_bucket(meta, rows=4, tokens=20)
+    padded.max_query_len, padded.decode_queries = 5, 5
+    q_padded = torch.cat([q, torch.randn(20 - real, *q.shape[1:])])
+    out = paged_attention_triton(q_padded, k, v, padded, 32**-0.5, num_splits=7)
+    assert_matches(out[:real], reference(q, k, v, meta))
+
+
+def test_decode_queries_bounds_are_checked() -> None:
+    q, k, v, meta = _verify_batch([(40, 5)], queries=4)
+    with pytest.raises(ValueError, match="5 query tokens"):
+        paged_attention_triton(q, k, v, meta, 0.2)
+    meta.decode_queries = 64
+    with pytest.raises(ValueError, match="decode_queries must be"):
+        paged_attention_triton(q, k, v, meta, 0.2)
