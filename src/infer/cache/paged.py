@@ -134,7 +134,8 @@ class PagedKVCachePool:
             return
         keys = self._block_keys[seq_id]
         indexed = self._num_indexed[seq_id]
-        full = self.seq_lens[seq_id] // self.block_size
+        # Only blocks of known tokens (a verify step's cache runs ahead of them).
+        full = min(self.seq_lens[seq_id], len(token_ids)) // self.block_size
         if full <= indexed:
             return
         if len(keys) < full:  # hash only the blocks that filled since (not the whole prefix)

@@ -75,8 +75,8 @@ class CachePoolProtocol(Protocol):
         ...
 
     def index_blocks(self, seq_id: int, token_ids: Sequence[int]) -> None:
-        """Offer the sequence's newly completed blocks for prefix sharing; ``token_ids`` must
-        be known up to the computed length."""
+        """Offer the sequence's newly completed blocks of known tokens (``token_ids``) for
+        prefix sharing (a verify step's cache may run ahead of them)."""
         ...
 
     def used_blocks(self) -> int:

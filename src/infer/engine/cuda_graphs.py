@@ -13,6 +13,9 @@ chunks, cached prefixes and decode rows at any context length up to ``max_seq_le
 * Mixed graphs (token counts 16, 32, 64, 128, then multiples of 128 up to
   ``max_graph_tokens``; rows up to ``min(tokens, max_batch_size)``) end at the final hidden
   states: how many rows sample varies, so the runner picks and projects them outside.
+* Verify graphs (``verify_step``; the decode sizes whose rows x Q tokens fit
+  ``MAX_VERIFY_TOKENS``) make their inputs on the device first, then end at the logits of
+  every token (each samples). ``verify_costs`` times them against the decode graphs.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from infer.attention import AttentionMetadata, ScheduledSequence
 from infer.attention.metadata import HostBatch, host_batch
+from infer.engine.token_history import TokenHistory
+from infer.engine.verify_step import MAX_VERIFY_TOKENS, VerifyShape
+from infer.kernels.verify_inputs import RowStarts, VerifyInputs, verify_inputs
 from infer.models import DecoderModel
 
 # A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
@@ -36,11 +43,13 @@ MIXED_SPLIT_ROWS = 8
 
 @dataclass(frozen=True)
 class Bucket:
-    """One captured shape: ``tokens`` token rows over ``rows`` sequence rows."""
+    """One captured shape: ``tokens`` token rows over ``rows`` sequence rows (a verify
+    bucket: ``queries`` tokens each)."""
 
     tokens: int
     rows: int
     decode: bool
+    queries: int = 0
 
 
 def decode_sizes(max_batch_size: int) -> list[int]:
@@ -58,6 +67,11 @@ def mixed_sizes(max_tokens: int) -> list[int]:
     return [*sizes, max_tokens]
 
 
+def verify_sizes(max_batch_size: int, queries: int) -> list[int]:
+    """The decode sizes whose rows of ``queries`` tokens fit ``MAX_VERIFY_TOKENS``."""
+    return [rows for rows in decode_sizes(max_batch_size) if rows * queries <= MAX_VERIFY_TOKENS]
+
+
 def smallest_fitting(sizes: list[int], wanted: int) -> int | None:
     """The smallest size that holds ``wanted``; None if it exceeds them all."""
     return next((size for size in sizes if size >= wanted), None)
@@ -72,15 +86,20 @@ class CUDAGraphRunner:
         max_seq_len: int,
         max_graph_tokens: int,
         device: torch.device,
+        verify: VerifyShape | None = None,
+        history: TokenHistory | None = None,
     ) -> None:
+        """``verify`` (with the ``history`` its lookups read): also capture verify steps."""
         self.model = model
         self.block_size = block_size
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.decode_sizes = decode_sizes(max_batch_size)
         self.mixed_sizes = mixed_sizes(max_graph_tokens) if max_graph_tokens > 1 else []
+        self.verify, self.history = verify, history
+        self.verify_sizes = [] if verify is None else verify_sizes(max_batch_size, verify.queries)
         self.table_width = math.ceil(max_seq_len / block_size)
-        tokens = max(max_batch_size, max_graph_tokens)
+        tokens = max(max_batch_size, max_graph_tokens, MAX_VERIFY_TOKENS if verify else 0)
         rows = max_batch_size
         self._staging = torch.zeros(
             HostBatch.packed_size(tokens, rows, self.table_width), dtype=torch.int64, device=device
@@ -94,14 +113,28 @@ class CUDAGraphRunner:
         self.row_order = torch.zeros(rows, dtype=torch.int32, device=device)
         self.row_counts = torch.zeros(2, dtype=torch.int32, device=device)
         self.token_rows = torch.full((tokens,), -1, dtype=torch.int32, device=device)
+        int64 = torch.int64
+        self.spec = RowStarts(  # a verify step's rows (``verify_step.plan_rows``)
+            first=torch.zeros(rows, dtype=int64, device=device),
+            base=torch.zeros(rows, dtype=int64, device=device),
+            limit=torch.zeros(rows, dtype=torch.int32, device=device),
+            mode=torch.zeros(1, dtype=torch.int32, device=device),
+            given=torch.zeros(rows, 1, dtype=int64, device=device),
+            num_rows=self.row_counts,
+        )
+        self.num_proposals = torch.zeros(rows, dtype=torch.int32, device=device)
         self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.memory_bytes = 0
+        # Verify step / decode step time by rows, from empty replays (``measure_verify_costs``).
+        self.verify_costs: dict[int, float] = {}
 
     @property
     def buckets(self) -> list[Bucket]:
         decode = [Bucket(size, size, True) for size in self.decode_sizes]
         mixed = [Bucket(t, min(t, self.max_batch_size), False) for t in self.mixed_sizes]
-        return decode + mixed
+        queries = 0 if self.verify is None else self.verify.queries
+        verify = [Bucket(rows * queries, rows, False, queries) for rows in self.verify_sizes]
+        return decode + mixed + verify
 
     def bucket_for(self, sequences: list[ScheduledSequence]) -> Bucket | None:
         """The bucket a step runs in; None when it is larger than every captured one."""
@@ -133,8 +166,11 @@ class CUDAGraphRunner:
 
     def forward(self, bucket: Bucket) -> Tensor:
         """The step a bucket's graph captures, run on the static buffers: logits ``[rows,
-        vocab]`` of a decode bucket, hidden states ``[tokens, hidden]`` of a mixed one."""
+        vocab]`` of a decode bucket, ``[tokens, vocab]`` of a verify one, hidden states
+        ``[tokens, hidden]`` of a mixed one."""
         tokens, rows = bucket.tokens, bucket.rows
+        if bucket.queries:
+            return self._forward_verify(bucket)
         meta = AttentionMetadata(
             positions=self.positions[:tokens],
             slot_mapping=self.slot_mapping[:tokens],
@@ -148,8 +184,50 @@ class CUDAGraphRunner:
             row_counts=self.row_counts,
             token_rows=self.token_rows[:tokens],
         )
+        if self.history is not None:
+            self.history.write(self.input_ids[:tokens], self.slot_mapping[:tokens])
         hidden = self.model(self.input_ids[:tokens], meta)
         return self.model.compute_logits(hidden) if bucket.decode else hidden
+
+    def _forward_verify(self, bucket: Bucket) -> Tensor:
+        assert self.verify is not None and self.history is not None
+        tokens, rows, queries = bucket.tokens, bucket.rows, bucket.queries
+        spec = self.spec
+        inputs = VerifyInputs(
+            self.input_ids[:tokens],
+            self.positions[:tokens],
+            self.slot_mapping[:tokens],
+            self.seq_lens[:rows],
+            self.num_proposals[:rows],
+        )
+        verify_inputs(
+            inputs,
+            RowStarts(
+                spec.first[:rows], spec.base[:rows], spec.limit[:rows], spec.mode,
+                spec.given[:rows], spec.num_rows,
+            ),
+            self.block_tables[:rows],
+            self.history.ids,
+            queries=queries,
+            block_size=self.block_size,
+            min_n=self.verify.min_n,
+            max_n=self.verify.max_n,
+        )  # fmt: skip
+        self.history.write(inputs.input_ids, inputs.slot_mapping)
+        meta = AttentionMetadata(
+            positions=inputs.positions,
+            slot_mapping=inputs.slot_mapping,
+            block_tables=self.block_tables[:rows],
+            seq_lens=inputs.seq_lens,
+            query_start_loc=self.query_start_loc[: rows + 1],
+            max_query_len=queries,
+            max_seq_len=self.max_seq_len,
+            decode_queries=queries,
+            row_order=self.row_order[:rows],
+            row_counts=self.row_counts,
+            token_rows=self.token_rows[:tokens],
+        )
+        return self.model.compute_logits(self.model(inputs.input_ids, meta))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -168,6 +246,75 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         self.memory_bytes = torch.cuda.memory_allocated() - before
 
+    def run_verify(
+        self, starts: RowStarts, tables: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Replay the verify graph of the rows starting at ``starts`` (on the device, one per
+        block table): logits ``[R * Q, vocab]``, the tokens they ran and each row's proposal
+        count; None when no captured bucket holds the rows."""
+        count = len(tables)
+        size = smallest_fitting(self.verify_sizes, count)
+        assert self.verify is not None
+        queries = self.verify.queries
+        bucket = None if size is None else Bucket(size * queries, size, False, queries)
+        if bucket is None or bucket not in self._graphs:
+            return None
+        rows = bucket.rows
+        width = max(1, max(len(t) for t in tables))
+        block_tables = np.zeros((count, width), dtype=np.int64)
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = table
+        starts_at = np.minimum(np.arange(rows + 1), count) * queries
+        token_rows = np.full(bucket.tokens, -1, dtype=np.int64)
+        token_rows[: count * queries] = np.arange(count * queries) // queries
+        arrays = [
+            block_tables.ravel(),
+            starts_at,
+            np.arange(rows),
+            np.array([count, 0]),
+            token_rows,
+        ]
+        packed = torch.from_numpy(np.concatenate(arrays).astype(np.int64))
+        staged = self._staging[: packed.numel()]
+        staged.copy_(packed, non_blocking=True)  # one copy, then views of it
+        tables_, starts_, order, counts, owners = torch.split(staged, [a.size for a in arrays])
+        self.block_tables[:count, :width].copy_(tables_.view(count, width))
+        self.query_start_loc[: rows + 1].copy_(starts_)
+        self.row_order[:rows].copy_(order)
+        self.row_counts.copy_(counts)
+        self.token_rows[: bucket.tokens].copy_(owners)
+        spec = self.spec
+        for mine, given in (
+            (spec.first, starts.first), (spec.base, starts.base), (spec.limit, starts.limit),
+            (spec.given, starts.given),
+        ):  # fmt: skip
+            mine[:count].copy_(given)
+        spec.mode.copy_(starts.mode)
+        graph, logits = self._graphs[bucket]
+        graph.replay()
+        tokens = count * queries
+        return logits[:tokens], self.input_ids[:tokens], self.num_proposals[:count]
+
+    @torch.inference_mode()
+    def measure_verify_costs(self, repeats: int = 10) -> None:
+        """Each verify bucket's replay time over the decode bucket's of as many rows, with no
+        rows in them (the weights read either way, what a short context's step costs)."""
+        self.verify_costs = {}
+        self.seq_lens.zero_()
+        self.query_start_loc.zero_()
+        self.row_counts.zero_()
+        self.slot_mapping.fill_(-1)
+        for rows in self.verify_sizes:
+            assert self.verify is not None
+            verify = self._graphs.get(
+                Bucket(rows * self.verify.queries, rows, False, self.verify.queries)
+            )
+            decode = self._graphs.get(Bucket(rows, rows, True))
+            if verify is None or decode is None:
+                continue
+            times = [_replay_ms(graph, repeats) for graph, _ in (decode, verify, decode, verify)]
+            self.verify_costs[rows] = (times[1] + times[3]) / (times[0] + times[2])
+
     def run(
         self, sequences: list[ScheduledSequence], input_ids: Tensor | None = None
     ) -> Tensor | None:
@@ -180,6 +327,17 @@ class CUDAGraphRunner:
         graph, out = self._graphs[bucket]
         graph.replay()
         return out[: len(sequences)] if bucket.decode else out[: _num_tokens(sequences)]
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, repeats: int) -> float:
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
 
 
 def _num_tokens(sequences: list[ScheduledSequence]) -> int:

@@ -25,7 +25,7 @@ from infer.engine.rank import build_rank
 from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
-from infer.engine.speculation import NgramProposer, Proposer
+from infer.engine.speculation import NgramProposer, Proposer, VerifyCosts
 from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
@@ -67,6 +67,10 @@ class Engine:
         self.tokenizer = self._load_tokenizer()
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len, self._proposer())
+        if self.runner.verify is not None and self.draft is None:
+            graphs = self.runner.graphs
+            costs = VerifyCosts(None if graphs is None else graphs.verify_costs)
+            self.scheduler.use_device_proposals(self.runner.verify.queries, costs)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         self.pipeline = Pipeline(

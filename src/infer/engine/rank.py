@@ -18,8 +18,11 @@ from infer.distributed.group import ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.runner import ModelRunner
+from infer.engine.token_history import TokenHistory
+from infer.engine.verify_step import VerifyShape
 from infer.engine.warmup import warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
+from infer.kernels.paged_attention import max_decode_queries
 from infer.loader import ModelSource, load_model
 from infer.models import DecoderModel
 
@@ -49,6 +52,8 @@ def build_rank(
     builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
     pool, storage = builder.build()
     max_seq_len = builder.max_seq_len
+    verify = verify_shape(config, model_config, group)
+    history = None if verify is None else TokenHistory(pool.num_blocks, config.block_size, device)
     graphs = None
     # Graphs capture the Triton kernels; the torch attention path is the eager reference.
     if config.cuda_graphs_enabled and triton_enabled(device):
@@ -56,11 +61,28 @@ def build_rank(
             config.max_graph_tokens, config.resolved_max_num_batched_tokens(max_seq_len)
         )
         graphs = CUDAGraphRunner(
-            model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
-        )
-    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
+            model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device,
+            verify, history,
+        )  # fmt: skip
+    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group, verify, history)
     if device.type == "cuda":
         warm_up_kernels(model, pool, device, max_seq_len)
     if graphs is not None:
         graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
+        graphs.measure_verify_costs()
     return RankState(model, pool, runner, max_seq_len)
+
+
+def verify_shape(
+    config: EngineConfig, model_config: ModelConfig, group: ParallelGroup
+) -> VerifyShape | None:
+    """How verify steps run n-gram proposals made on the device (``verify_step``); None
+    where they cannot: no n-gram speculation, several ranks (only rank 0 samples), or more
+    proposals than a decode row's tile holds."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "ngram" or group.world_size > 1:
+        return None
+    queries = spec.num_speculative_tokens + 1
+    if queries > max_decode_queries(model_config.num_heads // model_config.num_kv_heads):
+        return None
+    return VerifyShape(queries, spec.prompt_lookup_min, spec.prompt_lookup_max)

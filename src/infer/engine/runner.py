@@ -5,7 +5,9 @@ sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`
 from ``launch``, so the engine can queue the next step before waiting for this one.
 ``launch`` is ``forward`` then ``sample``: a step whose sampling needs the previous step's
 tokens on the host (grammar masks, penalties) has its forward pass queued ahead and its
-sampling queued later. A step replays a captured CUDA graph when one holds its shape.
+sampling queued later. A step replays a captured CUDA graph when one holds its shape. A step
+that verifies proposals made on the device runs as ``verify_step`` describes, with no more
+host work in the way than a plain decode step.
 
 Under tensor parallelism rank 0's runner sends each step's ``StepInputs`` to the other
 ranks before its forward pass, and their runners run the same model pass (``run_model``):
@@ -32,6 +34,16 @@ from infer.engine.prompt_logprobs import PromptScores, ScoredRows
 from infer.engine.request import Request, TokenLogprob
 from infer.engine.sampler import SamplerOutput, SamplingBatch, greedy, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
+from infer.engine.token_history import TokenHistory
+from infer.engine.verify_step import (
+    VerifyOutputs,
+    VerifyShape,
+    accept,
+    empty_inputs,
+    plan_rows,
+    verify_metadata,
+)
+from infer.kernels.verify_inputs import ProposalMode, RowStarts, verify_inputs
 from infer.models import DecoderModel
 
 
@@ -42,8 +54,14 @@ class LaunchedStep:
 
     requests: list[Request]  # the rows that sample, in order
     token_ids: Tensor  # [B] on the device
-    host: list[Tensor | None]  # host copies: tokens, logprobs, top ids, top logprobs
+    # Host copies: tokens, logprobs, top ids, top logprobs (a verify step: then the accepted
+    # proposals and the proposals of each row).
+    host: list[Tensor | None]
     done: torch.cuda.Event | None  # None on the CPU, where the copies are already done
+    # A verify step: per row, the sample the next step continues from and the proposals
+    # accepted (on the device; a plain step continues from ``token_ids``, accepting none).
+    continues_from: Tensor | None = None
+    accepted: Tensor | None = None
 
 
 @dataclass
@@ -56,6 +74,7 @@ class ForwardedStep:
     logits: Tensor  # [B, V] on the device
     output_indices: list[int]  # which output of its request each row samples
     proposed: list[list[int]] | None  # the proposed tokens before each row (speculation)
+    verify: VerifyOutputs | None = None  # a verify step's (``verify_step``)
 
 
 @dataclass
@@ -102,7 +121,11 @@ class ModelRunner:
         max_seq_len: int,
         graphs: CUDAGraphRunner | None = None,
         group: ParallelGroup = SINGLE,
+        verify: VerifyShape | None = None,
+        history: TokenHistory | None = None,
     ) -> None:
+        """``verify`` and ``history``: run verify steps (``verify_step``), recording every
+        step's tokens in ``history``."""
         self.model = model
         self.group = group
         self.pool = pool
@@ -112,6 +135,8 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
         self.graphed = False  # whether the last step ran in a captured graph (dashboard)
+        self.verify, self.history = verify, history
+        self.proposal_mode = ProposalMode.NGRAM  # where verify steps' proposals come from
         model.bind_kv_cache(storage.k, storage.v)
 
     def launch(
@@ -130,6 +155,8 @@ class ModelRunner:
         self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
     ) -> ForwardedStep | None:
         """Queue the step's forward pass only (``launch`` without sampling)."""
+        if scheduled.verify_queries:
+            return self._forward_verify(scheduled, previous)
         chunks = scheduled.chunks
         sequences = []
         for chunk in chunks:
@@ -177,6 +204,8 @@ class ModelRunner:
         the settings are read from the requests now, the grammars' masks too unless their
         filling was started earlier (``bitmask``)."""
         sampling, logits = forwarded.requests, forwarded.logits
+        if forwarded.verify is not None:
+            return self._sample_verify(forwarded)
         if all(r.greedy_argmax for r in sampling):  # no settings to gather
             out = greedy(
                 logits, sampling, self.vocab_size, self.device, bitmask, forwarded.proposed
@@ -192,6 +221,81 @@ class ModelRunner:
             )
             out = sample(logits, batch)
         return _copy_to_host(out, sampling)
+
+    def _forward_verify(
+        self, scheduled: SchedulerOutput, previous: LaunchedStep | None
+    ) -> ForwardedStep:
+        """Queue a verify step's forward pass (every chunk a row of ``verify_queries``)."""
+        assert self.verify is not None and self.history is not None
+        queries = scheduled.verify_queries
+        chunks = scheduled.chunks
+        first, base, limits, tables = [], [], [], []
+        for chunk in chunks:
+            request = chunk.request
+            assert request.seq_id is not None and chunk.verify
+            known = chunk.start < request.num_tokens  # else fed from the step in flight
+            first.append(request.token_ids[chunk.start] if known else 0)
+            base.append(chunk.start)
+            limits.append(chunk.proposal_limit)
+            tables.append(self.pool.block_table(request.seq_id))
+        continued = None
+        if previous is not None:
+            samples = previous.continues_from
+            continued = (previous.token_ids if samples is None else samples, previous.accepted)
+        rows = plan_rows(
+            first, base, limits, scheduled.fed_rows, continued, self.proposal_mode, self.device
+        )
+        copies = self.pool.take_copies()
+        self.storage.copy_blocks(copies)
+        self.history.copy_blocks(copies)
+        out = None if self.graphs is None else self.graphs.run_verify(rows.starts, tables)
+        self.graphed = out is not None
+        if out is None:
+            out = self._verify_eagerly(rows.starts, tables, queries)
+        logits, input_ids, num_proposals = out
+        requests = [c.request for c in chunks for _ in range(queries)]
+        output_indices = [
+            c.start + 1 + i - c.request.num_prompt_tokens for c in chunks for i in range(queries)
+        ]
+        verify = VerifyOutputs(input_ids, num_proposals, rows.extra, queries)
+        return ForwardedStep(requests, logits, output_indices, None, verify)
+
+    def _verify_eagerly(
+        self, starts: RowStarts, tables: list[list[int]], queries: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        assert self.verify is not None and self.history is not None
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        block_tables = torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True)
+        inputs = empty_inputs(len(tables), queries, self.device)
+        verify_inputs(
+            inputs, starts, block_tables, self.history.ids, queries=queries,
+            block_size=self.pool.block_size, min_n=self.verify.min_n, max_n=self.verify.max_n,
+        )  # fmt: skip
+        self.history.write(inputs.input_ids, inputs.slot_mapping)
+        meta = verify_metadata(inputs, block_tables, queries, self.max_seq_len)
+        logits = self.model.compute_logits(self.model(inputs.input_ids, meta))
+        return logits, inputs.input_ids, inputs.num_proposals
+
+    def _sample_verify(self, forwarded: ForwardedStep) -> LaunchedStep:
+        """Sample every token of a verify step, then count on the device what stands."""
+        verify, sampling, logits = forwarded.verify, forwarded.requests, forwarded.logits
+        assert verify is not None
+        if all(r.greedy_argmax for r in sampling):
+            out = greedy(logits, sampling, self.vocab_size, self.device)
+        else:
+            batch = SamplingBatch.from_requests(
+                sampling, self.vocab_size, self.device, None, forwarded.output_indices
+            )
+            # A seeded row's noise follows the output it samples, which the device knows.
+            batch.rows.steps = batch.rows.steps + verify.extra.repeat_interleave(verify.queries)
+            out = sample(logits, batch)
+        accepted, continues_from = accept(
+            out.token_ids, verify.input_ids, verify.num_proposals, verify.queries
+        )
+        launched = _copy_to_host(out, sampling, [accepted, verify.num_proposals])
+        launched.continues_from, launched.accepted = continues_from, accepted
+        return launched
 
     def _fed_input_ids(
         self, sequences: list[ScheduledSequence], fed: list[tuple[int, int]], samples: Tensor
@@ -237,12 +341,17 @@ class ModelRunner:
         A captured graph runs the step when one holds it."""
         sequences, samples = step.sequences, step.samples
         self.storage.copy_blocks(step.copies)  # every rank: each holds its share of the heads
+        if self.history is not None:
+            self.history.copy_blocks(step.copies)
         decode = all(len(s.token_ids) == 1 for s in sequences)
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
         self.graphed = out is not None
         if out is None:
             host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
-            out = self.model(host_ids if input_ids is None else input_ids, meta)
+            tokens = host_ids if input_ids is None else input_ids
+            if self.history is not None:
+                self.history.write(tokens, meta.slot_mapping)
+            out = self.model(tokens, meta)
             if decode:
                 out = self.model.compute_logits(out)
 
@@ -275,9 +384,11 @@ def _ends(sequences: list[ScheduledSequence]) -> list[int]:
     return ends
 
 
-def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
-    """Queue the copies of the sampler's results into pinned host memory."""
-    tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs]
+def _copy_to_host(
+    out: SamplerOutput, requests: list[Request], extra: list[Tensor] | None = None
+) -> LaunchedStep:
+    """Queue the copies of the sampler's results (and ``extra``) into pinned host memory."""
+    tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs, *(extra or [])]
     if not out.token_ids.is_cuda:
         return LaunchedStep(requests, out.token_ids, list(tensors), None)
     host: list[Tensor | None] = []
@@ -293,11 +404,14 @@ def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
 
 
 def _results(launched: LaunchedStep) -> StepResult:
-    tokens, chosen, top_ids, top_values = launched.host
+    tokens, chosen, top_ids, top_values, *verified = launched.host
     assert tokens is not None
     token_ids: list[int] = tokens.tolist()
+    accepted = num_proposals = None
+    if verified:
+        accepted, num_proposals = (t.tolist() for t in verified if t is not None)
     if chosen is None:
-        return StepResult(token_ids, [None] * len(token_ids))
+        return StepResult(token_ids, [None] * len(token_ids), accepted, num_proposals)
     chosen_list = chosen.tolist()
     ids = top_ids.tolist() if top_ids is not None else [[] for _ in token_ids]
     values = top_values.tolist() if top_values is not None else [[] for _ in token_ids]
@@ -309,4 +423,4 @@ def _results(launched: LaunchedStep) -> StepResult:
             continue
         top = dict(zip(ids[i][:wanted], values[i][:wanted]))
         logprobs.append(TokenLogprob(token_ids[i], chosen_list[i], top))
-    return StepResult(token_ids, logprobs)
+    return StepResult(token_ids, logprobs, accepted, num_proposals)

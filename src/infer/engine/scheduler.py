@@ -22,7 +22,14 @@ needs the host first (a preemption, a suspect to run alone) waits for a synchron
 With a ``speculative_config``, a decoding row may run its next token and the tokens
 ``speculation.py`` proposes after it (``ScheduledChunk.proposals``): every one is sampled,
 ``update`` keeps those the target agrees with and rewinds the cache over the rest. Such
-steps are synchronous: ``schedule_ahead`` declines while speculation is on.
+steps are synchronous: the host must know what a step accepted to schedule the next.
+
+Where the runner makes n-gram proposals on the device (``use_device_proposals``), a step of
+decoding rows can *verify* instead (``verify_queries``): every row runs that many tokens, its
+first and the proposals the device finds, and the device keeps what stands. Such steps are
+scheduled ahead like plain ones: the cache grows by all of a row's tokens (the most it can
+keep) and ``update`` rewinds it over what was not kept, once it knows; a row's next step
+starts as if the one in flight kept one token, and the device adds the rest.
 
 A step that raised is handed back with ``recover``: its requests are recomputed, and each
 runs alone until it samples again, so the request that makes steps fail is found and only it
@@ -42,9 +49,12 @@ from infer.engine.grammar import GRAMMAR_FIELD
 from infer.engine.output import record_token
 from infer.engine.request import Request, RequestState, TokenLogprob
 from infer.engine.speculation import (
+    HOST_PROPOSALS,
+    NgramProposer,
     Proposer,
     SpeculationGate,
     SpeculationStats,
+    VerifyCosts,
     accepted_length,
 )
 
@@ -67,6 +77,9 @@ class ScheduledChunk:
     num_tokens: int
     samples: bool
     proposals: list[int] = field(default_factory=list)
+    # The most proposals the row may take (host's, or a verify row's made on the device).
+    proposal_limit: int = 0
+    verify: bool = False  # a verify row: its tokens (and where they start) are the device's
 
     @property
     def output_index(self) -> int:
@@ -78,6 +91,8 @@ class ScheduledChunk:
 
     @property
     def num_samples(self) -> int:
+        if self.verify:
+            return self.num_tokens
         return 1 + len(self.proposals) if self.samples else 0
 
 
@@ -97,6 +112,8 @@ class SchedulerOutput:
     # A chunk's request scores its prompt (``prompt_logprobs``): the runner plans which
     # positions to project; other steps skip the planning.
     scores_prompts: bool = False
+    # A verify step (every chunk a verify row of this many tokens); 0 for any other.
+    verify_queries: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -126,10 +143,13 @@ class SampledTokens:
 
 @dataclass
 class StepResult:
-    """Sampled tokens of the chunks that sample, in order (``num_samples`` per chunk)."""
+    """Sampled tokens of the chunks that sample, in order (``num_samples`` per chunk); a
+    verify step's also says, per chunk, how many proposals it ran and how many stood."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+    accepted: list[int] | None = None
+    num_proposals: list[int] | None = None
 
 
 class Scheduler:
@@ -151,8 +171,20 @@ class Scheduler:
         self.preemptions = 0
         spec = config.speculative_config
         self.proposer = proposer
-        self.gate = None if spec is None or proposer is None else SpeculationGate(spec)
+        self.gate = None
+        if spec is not None and proposer is not None:
+            lookup = proposer.lookup if isinstance(proposer, NgramProposer) else None
+            self.gate = SpeculationGate(spec, shadow=lookup)
         self.speculation = SpeculationStats()
+        self.costs = VerifyCosts()
+        self.verify_queries = 0  # (``use_device_proposals``)
+        self._verifying: dict[str, ScheduledChunk] = {}  # each request's latest verify row
+
+    def use_device_proposals(self, queries: int, costs: VerifyCosts) -> None:
+        """The runner verifies ``queries`` tokens a row with n-gram proposals made on the
+        device, at ``costs``: decoding batches speculate that way, scheduled ahead."""
+        self.verify_queries = queries
+        self.costs = costs
 
     # --- queue ---------------------------------------------------------------------------
     def add_request(self, request: Request, *, bounded: bool = True) -> None:
@@ -189,19 +221,13 @@ class Scheduler:
         suspect = self._first_suspect()
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
+        verify = self._verify_step(None)
+        if verify is not None:
+            return verify
         self._fill(out, ahead=False)
-        if self._speculates():
+        if self._host_proposals():
             self._add_proposals(out)
         return out
-
-    def _speculates(self) -> bool:
-        """Whether this step proposes tokens (a closed gate counts the step)."""
-        if self.gate is None:
-            return False
-        if self.gate.is_open(len(self.running)):
-            return True
-        self.gate.tick()
-        return False
 
     def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
         """The step after ``previous`` (in flight), by the rules of ``schedule``; the rows
@@ -212,11 +238,18 @@ class Scheduler:
         queues only the forward pass ahead and samples once the tokens are known."""
         if previous.needs_host or self._first_suspect() is not None:
             return None
-        # The input of a row after a speculative step is its last accepted sample, which
-        # only the host knows.
-        if previous.speculative or self._speculates():
+        # The input of a row after a step with host proposals is its last accepted sample,
+        # which only the host knows.
+        if previous.speculative:
             return None
         self.retire()
+        verify = self._verify_step(previous)
+        if verify is not None:
+            return verify
+        # After a verify step only the device knows where its rows go on; and host
+        # proposals wait for the host.
+        if previous.verify_queries or self._host_proposals():
+            return None
         out = SchedulerOutput()
         self._fill(out, ahead=True)
         if not out.chunks:
@@ -260,16 +293,31 @@ class Scheduler:
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills, decodes)
 
+    # --- speculation ----------------------------------------------------------------------
+    def _host_proposals(self) -> bool:
+        """Whether steps propose on the host (a draft model, or rows whose sampling reads
+        their outputs) and the gate lets the running rows propose."""
+        if self.gate is None or not self.running:
+            return False
+        if self._device_proposals and all(self._verifiable(r) for r in self.running):
+            return False
+        return any(self.gate.limits(self.running, HOST_PROPOSALS))
+
     def _add_proposals(self, out: SchedulerOutput) -> None:
         """Proposed tokens after each decoding row's token, within the step's budget, the
         requests' lengths and free blocks (proposals never preempt)."""
-        assert self.proposer is not None and self.config.speculative_config is not None
-        out.speculative = True
-        wanted = self.config.speculative_config.num_speculative_tokens
+        assert self.proposer is not None and self.gate is not None
         rows = [c for c in out.chunks if c.samples and c.num_tokens == 1]
-        limits = [min(wanted, self._room_to_grow(c.request)) for c in rows]
+        allowed = self.gate.limits([c.request for c in rows], HOST_PROPOSALS)
+        limits = [min(a, self._room_to_grow(c.request)) for c, a in zip(rows, allowed)]
+        if not any(limits):
+            return
+        out.speculative = True
         budget = self.token_budget - out.num_tokens
-        for chunk, proposals in zip(rows, self.proposer.propose([c.request for c in rows], limits)):
+        for chunk, limit in zip(rows, limits):
+            chunk.proposal_limit = max(limit, 0)
+        proposed = self.proposer.propose([c.request for c in rows], limits)
+        for chunk, proposals in zip(rows, proposed):
             proposals = proposals[: max(budget, 0)]
             seq_id = chunk.request.seq_id
             assert seq_id is not None
@@ -279,6 +327,104 @@ class Scheduler:
             chunk.num_tokens += len(proposals)
             self.pool.advance(seq_id, len(proposals))
             budget -= len(proposals)
+
+    @property
+    def _device_proposals(self) -> bool:
+        """Whether n-gram proposals are made on the device (a proposer set since, e.g. a
+        test's, proposes on the host)."""
+        return bool(self.verify_queries) and isinstance(self.proposer, NgramProposer)
+
+    def _may_speculate(self) -> bool:
+        """Whether proposals could pay at all for the running batch (a wide one is
+        compute-bound: checking them costs more than even all of them accepted yield)."""
+        spec, count = self.config.speculative_config, len(self.running)
+        assert spec is not None
+        cost = self.costs.device(count) if self._device_proposals else HOST_PROPOSALS
+        return (
+            cost is not None
+            and cost < spec.num_speculative_tokens + 1
+            and spec.speculates_at(count)
+        )
+
+    def _verifiable(self, request: Request) -> bool:
+        """Whether a request's next step may verify device proposals: it decodes, and its
+        sampling reads nothing of its outputs on the host."""
+        params = request.params
+        return (
+            request.state is RequestState.RUNNING
+            and not request.suspect
+            and not params.needs_output_tokens
+            and request.num_output_tokens >= params.min_tokens
+        )
+
+    def _verify_step(self, previous: SchedulerOutput | None) -> SchedulerOutput | None:
+        """Every running row verifying device proposals, after ``previous`` (in flight) or
+        after a collected step; None when such a step cannot run now: no verify graph holds
+        the batch or the gate keeps it from speculating, a row is not decoding (or not
+        ``_verifiable``), a request waits to be admitted, or blocks are short."""
+        queries, rows = self.verify_queries, self.running
+        if not self._device_proposals or self.gate is None or not rows:
+            return None
+        cost = self.costs.device(len(rows))
+        if cost is None or cost >= queries or self._admits_now():
+            return None
+        starts = self._verify_starts(rows, previous)
+        if starts is None:
+            return None
+        limits = self.gate.limits(rows, cost)
+        limits = [min(limit, self._room_to_grow(r)) for r, limit in zip(rows, limits)]
+        if not any(limit > 0 for limit in limits):
+            return None
+        for request in rows:  # the most the row can keep (``update`` gives back the rest)
+            if not self.pool.prepare_append(request.seq_id, queries):  # type: ignore[arg-type]
+                return None
+        out = SchedulerOutput(verify_queries=queries)
+        for row, (request, limit, (start, fed)) in enumerate(zip(rows, limits, starts)):
+            chunk = ScheduledChunk(request, start, queries, True, [], max(limit, 0), verify=True)
+            out.chunks.append(chunk)
+            self.pool.advance(request.seq_id, queries)  # type: ignore[arg-type]
+            request.num_placeholders += 1
+            if fed is not None:
+                out.fed_rows.append((row, fed))
+            self._verifying[request.request_id] = chunk
+        return out
+
+    def _verify_starts(
+        self, rows: list[Request], previous: SchedulerOutput | None
+    ) -> list[tuple[int, int | None]] | None:
+        """Where each row's verify tokens start as far as the host knows, and which sample
+        of ``previous`` feeds it; None when a row cannot verify."""
+        queries = self.verify_queries
+        starts: list[tuple[int, int | None]] = []
+        if previous is None:
+            for request in rows:
+                if not self._verifiable(request) or self._remaining(request) != 1:
+                    return None
+                starts.append((self.num_computed(request), None))
+        else:
+            sampled = {id(c.request): (i, c) for i, c in enumerate(previous.chunks_that_sample())}
+            for request in rows:
+                entry = sampled.get(id(request))
+                if entry is None or not self._verifiable(request):
+                    return None
+                index, chunk = entry
+                # After a verify row the device knows how far it went: up to ``queries`` on.
+                start = chunk.start + (1 if chunk.verify else chunk.num_tokens)
+                starts.append((start, index))
+        reach = queries * (2 if previous is not None and previous.verify_queries else 1)
+        if any(start + reach > self.max_seq_len for start, _ in starts):
+            return None
+        return starts
+
+    def _admits_now(self) -> bool:
+        """Whether a waiting request could join the next step (which then is not a verify
+        step: its prompt runs beside the decoding rows)."""
+        return (
+            bool(self.waiting)
+            and len(self.running) < self.config.max_batch_size
+            and self._may_admit()
+            and next_admissible(self.waiting, []) is not None
+        )
 
     def _room_to_grow(self, request: Request) -> int:
         """Tokens the request may still produce after its next one."""
@@ -367,8 +513,11 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         request.num_placeholders = 0
+        self._verifying.pop(request.request_id, None)
         if self.proposer is not None:
             self.proposer.forget(request)
+        if self.gate is not None:
+            self.gate.forget(request)
         if request.seq_id is not None:
             self.pool.free_sequence(request.seq_id)
             request.seq_id = None
@@ -439,23 +588,30 @@ class Scheduler:
         it free (a step in flight that still writes it was queued before any new owner's)."""
         now = time.perf_counter()
         accepted = []
-        accepted_before = self.speculation.num_accepted_tokens
         first = 0
         sampling = scheduled.chunks_that_sample()
-        for chunk in sampling:
-            request, count = chunk.request, 1 + len(chunk.proposals)
+        for index, chunk in enumerate(sampling):
+            request, count = chunk.request, chunk.num_samples
             if not request.is_finished:
                 request.num_placeholders -= 1
                 if request.suspect:
                     request.suspect = False  # it ran a whole step alone without failing
                 kept = 1
-                if count > 1:
+                if chunk.verify:
+                    assert result.accepted is not None and result.num_proposals is not None
+                    kept = self._verified(
+                        chunk, result.accepted[index], result.num_proposals[index]
+                    )
+                elif count > 1:
                     kept = self._accept(chunk, result.token_ids[first : first + count])
+                elif chunk.proposal_limit and self.gate is not None:
+                    self.gate.record(request, 0)  # it could propose, and found nothing
                 accepted.append(self._record(request, result, first, kept, now))
             first += count
-        if scheduled.speculative and any(c.proposals or c.num_tokens == 1 for c in sampling):
-            assert self.gate is not None  # a step with decoding rows, which could speculate
-            self.gate.record(self.speculation.num_accepted_tokens - accepted_before)
+        if self.gate is not None and self._may_speculate():
+            self.gate.observe(
+                [c.request for c in sampling if not c.proposal_limit and not c.request.is_finished]
+            )
         ended = False
         for chunk in scheduled.chunks:
             request = chunk.request
@@ -472,9 +628,29 @@ class Scheduler:
         """How many of a speculative chunk's samples stand; the cache forgets the rest."""
         kept = accepted_length(chunk.proposals, samples)
         self.speculation.record(len(chunk.proposals), kept - 1)
+        if self.gate is not None:
+            self.gate.record(chunk.request, kept - 1)
         assert chunk.request.seq_id is not None
         self.pool.rewind(chunk.request.seq_id, len(samples) - kept)
         return kept
+
+    def _verified(self, chunk: ScheduledChunk, accepted: int, proposed: int) -> int:
+        """How many of a verify row's samples stand (``accepted`` of its ``proposed``
+        proposals, and the sample after them); the cache forgets the rest, and the row's
+        next verify step, if queued, learns where it really starts."""
+        request = chunk.request
+        if proposed:
+            self.speculation.record(proposed, accepted)
+        if chunk.proposal_limit and self.gate is not None:
+            self.gate.record(request, accepted)
+        assert request.seq_id is not None
+        self.pool.rewind(request.seq_id, chunk.num_tokens - 1 - accepted)
+        latest = self._verifying.get(request.request_id)
+        if latest is chunk:
+            del self._verifying[request.request_id]
+        elif latest is not None:
+            latest.start += accepted
+        return 1 + accepted
 
     def _record(
         self, request: Request, result: StepResult, first: int, kept: int, now: float

@@ -10,14 +10,15 @@ rejected position's sample is the target's distribution without that token. A se
 draws each output's noise from (seed, output index), so it samples the same tokens with
 speculation as without.
 
-Speculating runs its steps synchronously (a proposal reads the tokens so far), so when
-proposals stop paying off, ``SpeculationGate`` turns it off for a while and the engine
-schedules ahead again.
+N-gram proposals are made on the device where the engine can (``verify_step``): such steps
+are queued ahead like plain ones. Other proposals (a draft model's) read the tokens so far on
+the host, so those steps run synchronously. Either way ``SpeculationGate`` keeps proposals to
+the requests and batches where they pay for what checking them costs.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,13 +27,6 @@ from infer.speculative_config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from infer.engine.request import Request
-
-# The gate: over the last ``_WINDOW`` steps that could speculate, fewer than ``_MIN_GAIN``
-# accepted tokens a step do not pay for giving up scheduling ahead; it closes for
-# ``_PAUSE`` steps, then tries again.
-_WINDOW = 16
-_MIN_GAIN = 0.25
-_PAUSE = 64
 
 
 class Proposer(Protocol):
@@ -118,25 +112,130 @@ class SpeculationStats:
         return 1.0 + self.num_accepted_tokens / self.num_verify_steps
 
 
+class VerifyCosts:
+    """What a step that checks proposals costs, over a plain decode step of as many rows.
+
+    Steps verifying device proposals run captured graphs whose times were measured against
+    the decode graphs' (``CUDAGraphRunner.measure_verify_costs``), by rows; without those
+    (the CPU) they are taken to cost ``_UNMEASURED`` times a plain step. A step with host
+    proposals waits for the host and runs a mixed step: ``HOST_PROPOSALS`` times.
+    """
+
+    def __init__(self, by_rows: dict[int, float] | None = None) -> None:
+        self.by_rows = dict(sorted((by_rows or {}).items()))
+
+    def device(self, batch_size: int) -> float | None:
+        """A verify step's cost at ``batch_size`` rows; None where no graph holds them."""
+        if not self.by_rows:
+            return _UNMEASURED
+        return next((cost for rows, cost in self.by_rows.items() if rows >= batch_size), None)
+
+
+# Measured on an H100 at c9900b1 (RESULTS.md, speculative: the verify table before issue 51).
+HOST_PROPOSALS = 1.3
+_UNMEASURED = 1.05
+# Each request's gain is an average that weighs its latest observation by ``_RECENT``; a new
+# request starts at ``_FIRST_GAIN`` accepted tokens a step (it gets to propose), and a row
+# keeps proposing while its gain covers at least ``_MIN_NEED`` of the step's extra cost.
+_RECENT = 0.3
+_FIRST_GAIN = 1.0
+_MIN_NEED = 0.05
+# Requests that do not propose are checked in the shadow (their own n-gram against the tokens
+# they went on to produce), this many a step, so that they resume when proposals would pay.
+_SHADOW_CHECKS_PER_STEP = 2
+
+
+@dataclass
+class _Shadow:
+    start: int  # the request's length when the lookup ran: the proposal's first position
+    proposal: list[int]
+
+
 class SpeculationGate:
-    """Whether the next step speculates: the batch is small enough, and recent steps that
-    could speculate gained enough accepted tokens to pay for running synchronously."""
+    """Which requests propose in the next step: per request, the accepted proposals a step
+    has gained lately; per step, whether what the proposing rows gain pays for the step's
+    extra cost (``VerifyCosts``: a wide batch is compute-bound and cannot pay).
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    A row proposes while its gain covers its share of the extra cost (the break-even), and
+    the step speculates while the proposing rows' gains cover all of it. Requests that stop
+    proposing are checked in the shadow where a ``shadow`` lookup is given (their n-gram
+    proposals against the tokens they produce without them), so they resume when their
+    acceptance recovers; without one, each tries again every so often.
+    """
+
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        shadow: Callable[[list[int], int], list[int]] | None = None,
+    ) -> None:
         self.config = config
-        self._gains: deque[int] = deque(maxlen=_WINDOW)
-        self._paused = 0
+        self.shadow = shadow
+        self._gains: dict[str, float] = {}
+        self._shadows: dict[str, _Shadow] = {}
+        self._idle: dict[str, int] = {}  # steps since a request without shadows proposed
 
-    def is_open(self, batch_size: int) -> bool:
-        return self._paused == 0 and self.config.speculates_at(batch_size)
+    def limits(self, requests: list[Request], cost: float | None) -> list[int]:
+        """How many proposals each request may take in a step costing ``cost`` times a plain
+        one (None: no such step can run); all zero: the step does not speculate."""
+        count, wanted = len(requests), self.config.num_speculative_tokens
+        if cost is None or cost >= wanted + 1 or not self.config.speculates_at(count):
+            return [0] * count
+        need = max(cost - 1.0, _MIN_NEED)
+        # A request trying again is taken to pay its share: the step finds out.
+        gains = [need if self._retries(r) else self.gain(r) for r in requests]
+        proposing = [g >= need for g in gains]
+        if sum(g for g, p in zip(gains, proposing) if p) < need * count:
+            return [0] * count
+        return [wanted if p else 0 for p in proposing]
 
-    def record(self, accepted: int) -> None:
-        """A synchronous step that could speculate gained ``accepted`` tokens."""
-        self._gains.append(accepted)
-        if len(self._gains) == _WINDOW and sum(self._gains) < _MIN_GAIN * _WINDOW:
-            self._paused = _PAUSE
-            self._gains.clear()
+    def gain(self, request: Request) -> float:
+        """The accepted proposals a step has gained the request lately."""
+        return self._gains.get(request.request_id, _FIRST_GAIN)
 
-    def tick(self) -> None:
-        """One step ran while closed."""
-        self._paused = max(self._paused - 1, 0)
+    def record(self, request: Request, accepted: int) -> None:
+        """A step in which the request could propose accepted ``accepted`` proposals."""
+        key = request.request_id
+        self._gains[key] = (1 - _RECENT) * self.gain(request) + _RECENT * accepted
+        self._shadows.pop(key, None)
+        self._idle.pop(key, None)
+
+    def observe(self, requests: list[Request]) -> None:
+        """Requests that did not propose in the step just collected: check their shadow
+        proposals against what they produced, and look up new ones (a few a step)."""
+        budget = _SHADOW_CHECKS_PER_STEP
+        for request in requests:
+            key = request.request_id
+            if self.shadow is None:
+                self._idle[key] = self._idle.get(key, 0) + 1
+                continue
+            pending = self._shadows.get(key)
+            if pending is not None:
+                self._settle(request, pending)
+            elif budget > 0:
+                budget -= 1
+                tokens = request.token_ids
+                proposal = self.shadow(tokens, self.config.num_speculative_tokens)
+                if proposal:
+                    self._shadows[key] = _Shadow(len(tokens), proposal)
+                else:
+                    self.record(request, 0)
+
+    def forget(self, request: Request) -> None:
+        key = request.request_id
+        self._gains.pop(key, None)
+        self._shadows.pop(key, None)
+        self._idle.pop(key, None)
+
+    def _settle(self, request: Request, pending: _Shadow) -> None:
+        """Score a shadow proposal once the tokens it guessed are known (or one differs)."""
+        produced = request.token_ids[pending.start : pending.start + len(pending.proposal)]
+        accepted = accepted_length(pending.proposal, produced) - 1
+        if accepted < len(produced) or len(produced) == len(pending.proposal):
+            self.record(request, accepted)
+
+    def _retries(self, request: Request) -> bool:
+        """Without shadow checks, a request that stopped proposing tries again now and then."""
+        return self._idle.get(request.request_id, 0) >= _RETRY_AFTER
+
+
+_RETRY_AFTER = 64

@@ -9,7 +9,7 @@ from infer.config import EngineConfig
 from infer.engine.request import Request, RequestState
 from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput, StepResult
-from infer.engine.speculation import NgramProposer
+from infer.engine.speculation import NgramProposer, VerifyCosts
 
 
 def _pool(blocks: int, block_size: int = 1, prefix: bool = False) -> PagedKVCachePool:
@@ -417,3 +417,128 @@ def test_without_speculation_steps_are_scheduled_ahead() -> None:
     out = scheduler.schedule()
     assert not out.speculative and out.chunks[0].proposals == []
     assert scheduler.schedule_ahead(out) is not None
+
+
+# --- verify steps (proposals made on the device) --------------------------------------------
+Q = 4  # NGRAM's three proposals and the row's own token
+
+
+def _verifying(pool: PagedKVCachePool, max_seq_len: int = 4096) -> Scheduler:
+    scheduler = _speculating(pool)
+    scheduler.max_seq_len = max_seq_len
+    scheduler.use_device_proposals(Q, VerifyCosts({1: 1.02, 2: 1.05, 4: 1.1}))
+    return scheduler
+
+
+def _verified(
+    out: SchedulerOutput, samples: list[list[int]], accepted: list[int], proposed: list[int]
+) -> StepResult:
+    """A verify step's result: ``Q`` samples a row, its accepted and proposed counts."""
+    tokens = [t for row in samples for t in row]
+    return StepResult(tokens, [None] * len(tokens), accepted, proposed)
+
+
+def test_a_decoding_batch_verifies_device_proposals_in_rows_of_q_tokens() -> None:
+    pool = _pool(100, block_size=4)
+    scheduler = _verifying(pool)
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    (chunk,) = out.chunks
+    assert out.verify_queries == Q and not out.speculative and out.fed_rows == []
+    assert (chunk.start, chunk.num_tokens, chunk.proposals, chunk.verify) == (10, Q, [], True)
+    assert chunk.proposal_limit == 3 and chunk.num_samples == Q
+    assert pool.get_seq_len(request.seq_id) == 10 + Q  # type: ignore[arg-type]
+
+
+def test_update_keeps_the_accepted_samples_and_rewinds_the_rest() -> None:
+    pool = _pool(100, block_size=4)
+    scheduler = _verifying(pool)
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    (new,) = scheduler.update(out, _verified(out, [[6, 7, 1, 2]], [2], [3]))
+    assert new.token_ids == [6, 7, 1] and request.output_token_ids == [5, 6, 7, 1]
+    assert pool.get_seq_len(request.seq_id) == 13  # type: ignore[arg-type]
+    assert request.num_placeholders == 0 and pool.audit_blocks() == []
+    stats = scheduler.speculation
+    assert (stats.num_verify_steps, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 2)
+
+
+def test_verify_steps_are_scheduled_ahead_and_learn_where_they_start_from_the_one_before() -> None:
+    pool = _pool(100, block_size=4)
+    scheduler = _verifying(pool)
+    request = _decoding(scheduler, REPEATING)
+    first = scheduler.schedule()
+    second = scheduler.schedule_ahead(first)
+    assert second is not None and second.verify_queries == Q and second.fed_rows == [(0, 0)]
+    (chunk,) = second.chunks
+    assert chunk.start == 11  # as if the first kept one token: the device adds the rest
+    assert pool.get_seq_len(request.seq_id) == 10 + 2 * Q  # type: ignore[arg-type]
+    scheduler.update(first, _verified(first, [[6, 7, 8, 3]], [2], [3]))
+    assert chunk.start == 13 and request.num_tokens == 14
+    assert pool.get_seq_len(request.seq_id) == 13 + Q  # type: ignore[arg-type]
+    third = scheduler.schedule_ahead(second)
+    assert third is not None and third.chunks[0].start == 14
+    scheduler.update(second, _verified(second, [[9, 4, 4, 4]], [0], [2]))
+    assert third.chunks[0].start == 14 and request.output_token_ids == [5, 6, 7, 8, 9]
+    assert pool.get_seq_len(request.seq_id) == 14 + Q  # type: ignore[arg-type]
+
+
+def test_a_verify_step_follows_a_plain_step_in_flight_fed_from_its_sample() -> None:
+    pool = _pool(100, block_size=4)
+    scheduler = _verifying(pool)
+    scheduler.gate.limits = lambda requests, cost: [0] * len(requests)  # type: ignore[union-attr,method-assign]
+    request = _decoding(scheduler, REPEATING)
+    plain = scheduler.schedule()
+    assert plain.verify_queries == 0 and _names(plain) == [("A", 1)]
+    del scheduler.gate.limits  # type: ignore[union-attr]
+    ahead = scheduler.schedule_ahead(plain)
+    assert ahead is not None and ahead.verify_queries == Q and ahead.fed_rows == [(0, 0)]
+    assert ahead.chunks[0].start == 11
+    assert pool.get_seq_len(request.seq_id) == 11 + Q  # type: ignore[arg-type]
+
+
+def test_after_a_verify_step_a_plain_one_waits_for_the_host() -> None:
+    """When the gate closes, the step after a verify step is not scheduled ahead (only the
+    device knows where its rows go on); the synchronous one after it is plain."""
+    pool = _pool(100, block_size=4)
+    scheduler = _verifying(pool)
+    request = _decoding(scheduler, REPEATING)
+    out = scheduler.schedule()
+    scheduler.gate.limits = lambda requests, cost: [0] * len(requests)  # type: ignore[union-attr,method-assign]
+    assert scheduler.schedule_ahead(out) is None
+    scheduler.update(out, _verified(out, [[6, 1, 2, 3]], [1], [3]))
+    plain = scheduler.schedule()
+    assert _names(plain) == [("A", 1)] and plain.chunks[0].start == request.num_tokens - 1
+
+
+def test_a_request_to_admit_makes_the_next_step_plain() -> None:
+    scheduler = _verifying(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING)
+    scheduler.add_request(_request("B", 5))
+    out = scheduler.schedule()
+    assert out.verify_queries == 0 and [n for n, _ in _names(out)] == ["A", "B"]
+
+
+def test_rows_whose_sampling_reads_their_outputs_propose_on_the_host() -> None:
+    scheduler = _verifying(_pool(100, block_size=4))
+    _decoding(scheduler, REPEATING, repetition_penalty=1.2)
+    out = scheduler.schedule()
+    assert out.verify_queries == 0 and out.speculative and out.chunks[0].proposals == [6, 7, 8]
+
+
+def test_no_verify_step_runs_past_the_context_or_without_blocks() -> None:
+    scheduler = _verifying(_pool(100, block_size=4), max_seq_len=13)  # 10 + 4 > 13
+    _decoding(scheduler, REPEATING)
+    assert scheduler.schedule().verify_queries == 0
+    scheduler = _verifying(_pool(3, block_size=4))  # 11 tokens fill the three blocks
+    _decoding(scheduler, REPEATING)
+    assert scheduler.schedule().verify_queries == 0
+
+
+def test_batches_no_verify_graph_holds_do_not_verify() -> None:
+    scheduler = _verifying(_pool(200, block_size=4))
+    scheduler.costs = VerifyCosts({1: 1.02})
+    for name in "AB":
+        scheduler.add_request(Request(name, REPEATING[:-1], 10, SamplingParams(), seed=0))
+    _run(scheduler, scheduler.schedule())
+    assert scheduler.schedule().verify_queries == 0

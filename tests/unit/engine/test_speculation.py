@@ -1,13 +1,17 @@
-"""Speculation's parts: n-gram proposals, how many samples stand, the gate that steps aside."""
+"""Speculation's parts: n-gram proposals, how many samples stand, the gate that keeps
+proposals to the requests and batches where they pay."""
 
 from __future__ import annotations
 
 import pytest
 
+from infer.engine.request import Request
+from infer.engine.sampling_params import SamplingParams
 from infer.engine.speculation import (
     NgramProposer,
     SpeculationGate,
     SpeculationStats,
+    VerifyCosts,
     accepted_length,
 )
 from infer.speculative_config import SpeculativeConfig
@@ -78,24 +82,87 @@ def test_stats_give_the_acceptance_rate_and_the_tokens_a_verification_yields() -
     assert stats.mean_accepted_length == pytest.approx(3.0)
 
 
-def test_the_gate_steps_aside_after_steps_that_gain_little_then_tries_again() -> None:
-    gate = SpeculationGate(SpeculativeConfig(num_speculative_tokens=4))
-    for _ in range(16):
-        assert gate.is_open(1)
-        gate.record(0)
-    assert not gate.is_open(1)
-    for _ in range(64):
-        gate.tick()
-    assert gate.is_open(1)
+def _requests(count: int) -> list[Request]:
+    return [Request(str(i), [1, 2, 3], 3, SamplingParams(), seed=0) for i in range(count)]
 
 
-def test_the_gate_stays_open_while_proposals_pay() -> None:
-    gate = SpeculationGate(SpeculativeConfig(num_speculative_tokens=4))
-    for step in range(100):
-        gate.record(1 if step % 2 else 0)
-    assert gate.is_open(1)
+def _gate(shadow: bool = False, **options: object) -> SpeculationGate:
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, **options)  # type: ignore[arg-type]
+    return SpeculationGate(spec, shadow=NgramProposer(spec).lookup if shadow else None)
 
 
-def test_the_gate_closes_for_batches_above_disable_by_batch_size() -> None:
-    gate = SpeculationGate(SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8))
-    assert gate.is_open(8) and not gate.is_open(9)
+def test_new_requests_propose_while_a_step_costs_less_than_their_first_gain() -> None:
+    gate, requests = _gate(), _requests(2)
+    assert gate.limits(requests, 1.05) == [4, 4]
+    assert gate.limits(requests, 1.9) == [4, 4]
+    assert gate.limits(requests, 2.1) == [0, 0]  # a first gain of 1 token cannot pay 1.1
+
+
+def test_a_request_whose_proposals_fail_stops_proposing_and_the_others_go_on() -> None:
+    gate, (good, bad) = _gate(), _requests(2)
+    for _ in range(12):
+        gate.record(good, 3)
+        gate.record(bad, 0)
+    assert gate.limits([good, bad], 1.1) == [4, 0]
+    assert gate.gain(bad) < 0.1 < 2.9 < gate.gain(good)
+
+
+def test_the_step_stops_speculating_when_the_proposing_rows_cannot_pay_for_it() -> None:
+    gate, requests = _gate(), _requests(4)
+    gate.record(requests[0], 4)  # one row gains 1.9 a step, three gain 0.7
+    for request in requests[1:]:
+        gate.record(request, 0)
+    assert gate.limits(requests, 1.4) == [4, 4, 4, 4]
+    assert gate.limits(requests, 1.75) == [0, 0, 0, 0]  # 1.9 < 4 x 0.75: row 0 alone would
+    assert gate.limits(requests, 5.0) == [0, 0, 0, 0]  # even five tokens a row cannot pay
+
+
+def test_batches_above_disable_by_batch_size_or_without_a_graph_do_not_speculate() -> None:
+    gate = _gate(disable_by_batch_size=8)
+    assert gate.limits(_requests(8), 1.0) == [4] * 8
+    assert gate.limits(_requests(9), 1.0) == [0] * 9
+    assert gate.limits(_requests(2), None) == [0, 0]
+
+
+def test_a_stopped_request_resumes_when_its_shadow_proposals_would_be_accepted() -> None:
+    gate = _gate(shadow=True)
+    (request,) = _requests(1)
+    for _ in range(12):
+        gate.record(request, 0)
+    assert gate.limits([request], 1.1) == [0]
+    request.token_ids = [7, 8, 9, 10, 11, 7, 8]
+    for token in [9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]:
+        gate.observe([request])  # proposes 9, 10, 11, 7 in the shadow, then scores it
+        request.token_ids.append(token)
+    assert gate.limits([request], 1.1) == [4] and gate.gain(request) > 2
+
+
+def test_shadow_proposals_that_fail_keep_a_request_stopped() -> None:
+    gate = _gate(shadow=True)
+    (request,) = _requests(1)
+    for _ in range(12):
+        gate.record(request, 0)
+    request.token_ids = [7, 8, 9, 10, 11, 7, 8]
+    for token in range(100, 130):
+        gate.observe([request])
+        request.token_ids.append(token)
+    assert gate.limits([request], 1.1) == [0]
+
+
+def test_without_shadow_proposals_a_stopped_request_tries_again_now_and_then() -> None:
+    gate = _gate()
+    (request,) = _requests(1)
+    for _ in range(12):
+        gate.record(request, 0)
+    for _ in range(63):
+        gate.observe([request])
+    assert gate.limits([request], 1.1) == [0]
+    gate.observe([request])
+    assert gate.limits([request], 1.1) == [4]
+
+
+def test_verify_costs_come_from_the_smallest_graph_that_holds_the_batch() -> None:
+    costs = VerifyCosts({1: 1.02, 8: 1.1, 16: 1.3})
+    assert costs.device(1) == 1.02 and costs.device(5) == 1.1 and costs.device(16) == 1.3
+    assert costs.device(17) is None
+    assert VerifyCosts().device(100) is not None  # unmeasured (the CPU): a default
