@@ -23,14 +23,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from infer.attention import AttentionMetadata, ScheduledSequence
 from infer.attention.metadata import HostBatch, host_batch
 from infer.engine.token_history import TokenHistory
-from infer.engine.verify_step import MAX_VERIFY_TOKENS, VerifyShape
+from infer.engine.verify_step import (
+    MAX_VERIFY_TOKENS,
+    VerifyOutputs,
+    VerifyPlan,
+    VerifyShape,
+    load_rows,
+    row_layout,
+)
 from infer.kernels.verify_inputs import RowStarts, VerifyInputs, verify_inputs
 from infer.models import DecoderModel
 
@@ -123,6 +129,7 @@ class CUDAGraphRunner:
             num_rows=self.row_counts,
         )
         self.num_proposals = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.extra = torch.zeros(rows, dtype=int64, device=device)
         self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.memory_bytes = 0
         # Verify step / decode step time by rows, from empty replays (``measure_verify_costs``).
@@ -214,18 +221,19 @@ class CUDAGraphRunner:
             max_n=self.verify.max_n,
         )  # fmt: skip
         self.history.write(inputs.input_ids, inputs.slot_mapping)
+        starts, order, owners = row_layout(self.row_counts, rows, queries)
         meta = AttentionMetadata(
             positions=inputs.positions,
             slot_mapping=inputs.slot_mapping,
             block_tables=self.block_tables[:rows],
             seq_lens=inputs.seq_lens,
-            query_start_loc=self.query_start_loc[: rows + 1],
+            query_start_loc=starts,
             max_query_len=queries,
             max_seq_len=self.max_seq_len,
             decode_queries=queries,
-            row_order=self.row_order[:rows],
+            row_order=order,
             row_counts=self.row_counts,
-            token_rows=self.token_rows[:tokens],
+            token_rows=owners,
         )
         return self.model.compute_logits(self.model(inputs.input_ids, meta))
 
@@ -247,53 +255,44 @@ class CUDAGraphRunner:
         self.memory_bytes = torch.cuda.memory_allocated() - before
 
     def run_verify(
-        self, starts: RowStarts, tables: list[list[int]]
-    ) -> tuple[Tensor, Tensor, Tensor] | None:
-        """Replay the verify graph of the rows starting at ``starts`` (on the device, one per
-        block table): logits ``[R * Q, vocab]``, the tokens they ran and each row's proposal
-        count; None when no captured bucket holds the rows."""
-        count = len(tables)
-        size = smallest_fitting(self.verify_sizes, count)
-        assert self.verify is not None
-        queries = self.verify.queries
-        bucket = None if size is None else Bucket(size * queries, size, False, queries)
+        self, plan: VerifyPlan, previous: tuple[Tensor, Tensor | None] | None
+    ) -> tuple[Tensor, VerifyOutputs] | None:
+        """Replay the verify graph of ``plan``'s rows (``verify_step.load_rows``): logits
+        ``[R * Q, vocab]`` and what sampling them needs; None when no captured bucket holds
+        the rows."""
+        bucket = self.verify_bucket(len(plan.tables))
         if bucket is None or bucket not in self._graphs:
             return None
-        rows = bucket.rows
-        width = max(1, max(len(t) for t in tables))
-        block_tables = np.zeros((count, width), dtype=np.int64)
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = table
-        starts_at = np.minimum(np.arange(rows + 1), count) * queries
-        token_rows = np.full(bucket.tokens, -1, dtype=np.int64)
-        token_rows[: count * queries] = np.arange(count * queries) // queries
-        arrays = [
-            block_tables.ravel(),
-            starts_at,
-            np.arange(rows),
-            np.array([count, 0]),
-            token_rows,
-        ]
-        packed = torch.from_numpy(np.concatenate(arrays).astype(np.int64))
-        staged = self._staging[: packed.numel()]
-        staged.copy_(packed, non_blocking=True)  # one copy, then views of it
-        tables_, starts_, order, counts, owners = torch.split(staged, [a.size for a in arrays])
-        self.block_tables[:count, :width].copy_(tables_.view(count, width))
-        self.query_start_loc[: rows + 1].copy_(starts_)
-        self.row_order[:rows].copy_(order)
-        self.row_counts.copy_(counts)
-        self.token_rows[: bucket.tokens].copy_(owners)
-        spec = self.spec
-        for mine, given in (
-            (spec.first, starts.first), (spec.base, starts.base), (spec.limit, starts.limit),
-            (spec.given, starts.given),
-        ):  # fmt: skip
-            mine[:count].copy_(given)
-        spec.mode.copy_(starts.mode)
+        self.load_verify(plan, previous)
         graph, logits = self._graphs[bucket]
         graph.replay()
-        tokens = count * queries
-        return logits[:tokens], self.input_ids[:tokens], self.num_proposals[:count]
+        return logits[: bucket.queries * len(plan.tables)], self.verify_outputs(len(plan.tables))
+
+    def verify_bucket(self, count: int) -> Bucket | None:
+        """The verify bucket of ``count`` rows; None when none holds them."""
+        size = smallest_fitting(self.verify_sizes, count)
+        if self.verify is None or size is None:
+            return None
+        queries = self.verify.queries
+        return Bucket(size * queries, size, False, queries)
+
+    def load_verify(self, plan: VerifyPlan, previous: tuple[Tensor, Tensor | None] | None) -> None:
+        """Copy a verify step's rows into the static buffers (``verify_step.load_rows``)."""
+        count, spec = len(plan.tables), self.spec
+        rows = RowStarts(
+            spec.first[:count], spec.base[:count], spec.limit[:count], spec.mode,
+            spec.given[:count], spec.num_rows,
+        )  # fmt: skip
+        load_rows(plan, previous, rows, self.extra[:count], self.block_tables, self._staging)
+
+    def verify_outputs(self, count: int) -> VerifyOutputs:
+        """The static buffers a verify step of ``count`` rows leaves for its sampling."""
+        assert self.verify is not None
+        queries = self.verify.queries
+        return VerifyOutputs(
+            self.input_ids[: count * queries], self.num_proposals[:count], self.extra[:count],
+            queries,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def measure_verify_costs(self, repeats: int = 10) -> None:
@@ -305,10 +304,7 @@ class CUDAGraphRunner:
         self.row_counts.zero_()
         self.slot_mapping.fill_(-1)
         for rows in self.verify_sizes:
-            assert self.verify is not None
-            verify = self._graphs.get(
-                Bucket(rows * self.verify.queries, rows, False, self.verify.queries)
-            )
+            verify = self._graphs.get(self.verify_bucket(rows))  # type: ignore[arg-type]
             decode = self._graphs.get(Bucket(rows, rows, True))
             if verify is None or decode is None:
                 continue

@@ -37,13 +37,14 @@ from infer.engine.scheduler import SchedulerOutput, StepResult
 from infer.engine.token_history import TokenHistory
 from infer.engine.verify_step import (
     VerifyOutputs,
+    VerifyPlan,
     VerifyShape,
-    accept,
     empty_inputs,
-    plan_rows,
+    load_rows,
+    new_rows,
     verify_metadata,
 )
-from infer.kernels.verify_inputs import ProposalMode, RowStarts, verify_inputs
+from infer.kernels.verify_inputs import ProposalMode, accept_proposals, verify_inputs
 from infer.models import DecoderModel
 
 
@@ -54,14 +55,15 @@ class LaunchedStep:
 
     requests: list[Request]  # the rows that sample, in order
     token_ids: Tensor  # [B] on the device
-    # Host copies: tokens, logprobs, top ids, top logprobs (a verify step: then the accepted
-    # proposals and the proposals of each row).
+    # Host copies: tokens (a verify step's: then each row's accepted and proposed counts),
+    # logprobs, top ids, top logprobs.
     host: list[Tensor | None]
     done: torch.cuda.Event | None  # None on the CPU, where the copies are already done
     # A verify step: per row, the sample the next step continues from and the proposals
     # accepted (on the device; a plain step continues from ``token_ids``, accepting none).
     continues_from: Tensor | None = None
     accepted: Tensor | None = None
+    verify_rows: int = 0
 
 
 @dataclass
@@ -227,62 +229,65 @@ class ModelRunner:
     ) -> ForwardedStep:
         """Queue a verify step's forward pass (every chunk a row of ``verify_queries``)."""
         assert self.verify is not None and self.history is not None
-        queries = scheduled.verify_queries
-        chunks = scheduled.chunks
-        first, base, limits, tables = [], [], [], []
+        queries, chunks = scheduled.verify_queries, scheduled.chunks
+        plan = VerifyPlan([], [], [], [], None, self.proposal_mode)
         for chunk in chunks:
             request = chunk.request
             assert request.seq_id is not None and chunk.verify
             known = chunk.start < request.num_tokens  # else fed from the step in flight
-            first.append(request.token_ids[chunk.start] if known else 0)
-            base.append(chunk.start)
-            limits.append(chunk.proposal_limit)
-            tables.append(self.pool.block_table(request.seq_id))
+            plan.first.append(request.token_ids[chunk.start] if known else 0)
+            plan.base.append(chunk.start)
+            plan.limits.append(chunk.proposal_limit)
+            plan.tables.append(self.pool.block_table(request.seq_id))
         continued = None
-        if previous is not None:
+        if scheduled.fed_rows:  # every row, in order (``Scheduler._verify_step``)
+            assert previous is not None and len(scheduled.fed_rows) == len(chunks)
+            plan.sources = [source for _, source in scheduled.fed_rows]
             samples = previous.continues_from
             continued = (previous.token_ids if samples is None else samples, previous.accepted)
-        rows = plan_rows(
-            first, base, limits, scheduled.fed_rows, continued, self.proposal_mode, self.device
-        )
         copies = self.pool.take_copies()
         self.storage.copy_blocks(copies)
         self.history.copy_blocks(copies)
-        out = None if self.graphs is None else self.graphs.run_verify(rows.starts, tables)
+        out = None if self.graphs is None else self.graphs.run_verify(plan, continued)
         self.graphed = out is not None
         if out is None:
-            out = self._verify_eagerly(rows.starts, tables, queries)
-        logits, input_ids, num_proposals = out
+            out = self._verify_eagerly(plan, continued, queries)
+        logits, verify = out
         requests = [c.request for c in chunks for _ in range(queries)]
         output_indices = [
             c.start + 1 + i - c.request.num_prompt_tokens for c in chunks for i in range(queries)
         ]
-        verify = VerifyOutputs(input_ids, num_proposals, rows.extra, queries)
         return ForwardedStep(requests, logits, output_indices, None, verify)
 
     def _verify_eagerly(
-        self, starts: RowStarts, tables: list[list[int]], queries: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, plan: VerifyPlan, previous: tuple[Tensor, Tensor | None] | None, queries: int
+    ) -> tuple[Tensor, VerifyOutputs]:
         assert self.verify is not None and self.history is not None
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        block_tables = torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True)
-        inputs = empty_inputs(len(tables), queries, self.device)
+        count, width = len(plan.tables), max(len(t) for t in plan.tables)
+        rows, extra = new_rows(count, self.device)
+        block_tables = torch.empty(count, width, dtype=torch.int32, device=self.device)
+        load_rows(plan, previous, rows, extra, block_tables)
+        inputs = empty_inputs(count, queries, self.device)
         verify_inputs(
-            inputs, starts, block_tables, self.history.ids, queries=queries,
+            inputs, rows, block_tables, self.history.ids, queries=queries,
             block_size=self.pool.block_size, min_n=self.verify.min_n, max_n=self.verify.max_n,
         )  # fmt: skip
         self.history.write(inputs.input_ids, inputs.slot_mapping)
-        meta = verify_metadata(inputs, block_tables, queries, self.max_seq_len)
+        meta = verify_metadata(inputs, rows, block_tables, queries, self.max_seq_len)
         logits = self.model.compute_logits(self.model(inputs.input_ids, meta))
-        return logits, inputs.input_ids, inputs.num_proposals
+        return logits, VerifyOutputs(inputs.input_ids, inputs.num_proposals, extra, queries)
 
     def _sample_verify(self, forwarded: ForwardedStep) -> LaunchedStep:
-        """Sample every token of a verify step, then count on the device what stands."""
+        """Sample every token of a verify step, then count on the device what stands; the
+        samples, accepted and proposed counts go to the host in one copy."""
         verify, sampling, logits = forwarded.verify, forwarded.requests, forwarded.logits
         assert verify is not None
+        tokens = len(sampling)
+        packed = torch.empty(
+            tokens + 2 * (tokens // verify.queries), dtype=torch.int64, device=self.device
+        )
         if all(r.greedy_argmax for r in sampling):
-            out = greedy(logits, sampling, self.vocab_size, self.device)
+            out = SamplerOutput(torch.argmax(logits, dim=-1, out=packed[:tokens]))
         else:
             batch = SamplingBatch.from_requests(
                 sampling, self.vocab_size, self.device, None, forwarded.output_indices
@@ -290,11 +295,15 @@ class ModelRunner:
             # A seeded row's noise follows the output it samples, which the device knows.
             batch.rows.steps = batch.rows.steps + verify.extra.repeat_interleave(verify.queries)
             out = sample(logits, batch)
-        accepted, continues_from = accept(
-            out.token_ids, verify.input_ids, verify.num_proposals, verify.queries
+        continues_from = accept_proposals(
+            out.token_ids, verify.input_ids, verify.num_proposals, verify.queries, packed
         )
-        launched = _copy_to_host(out, sampling, [accepted, verify.num_proposals])
-        launched.continues_from, launched.accepted = continues_from, accepted
+        out.token_ids = packed
+        launched = _copy_to_host(out, sampling)
+        launched.token_ids = packed[:tokens]
+        launched.continues_from = continues_from
+        launched.accepted = packed[tokens : tokens + tokens // verify.queries]
+        launched.verify_rows = tokens // verify.queries
         return launched
 
     def _fed_input_ids(
@@ -384,11 +393,9 @@ def _ends(sequences: list[ScheduledSequence]) -> list[int]:
     return ends
 
 
-def _copy_to_host(
-    out: SamplerOutput, requests: list[Request], extra: list[Tensor] | None = None
-) -> LaunchedStep:
-    """Queue the copies of the sampler's results (and ``extra``) into pinned host memory."""
-    tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs, *(extra or [])]
+def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
+    """Queue the copies of the sampler's results into pinned host memory."""
+    tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs]
     if not out.token_ids.is_cuda:
         return LaunchedStep(requests, out.token_ids, list(tensors), None)
     host: list[Tensor | None] = []
@@ -404,12 +411,17 @@ def _copy_to_host(
 
 
 def _results(launched: LaunchedStep) -> StepResult:
-    tokens, chosen, top_ids, top_values, *verified = launched.host
+    tokens, chosen, top_ids, top_values = launched.host
     assert tokens is not None
     token_ids: list[int] = tokens.tolist()
     accepted = num_proposals = None
-    if verified:
-        accepted, num_proposals = (t.tolist() for t in verified if t is not None)
+    if launched.verify_rows:  # samples, then each row's accepted and proposed counts
+        rows = launched.verify_rows
+        token_ids, accepted, num_proposals = (
+            token_ids[: -2 * rows],
+            token_ids[-2 * rows : -rows],
+            token_ids[-rows:],
+        )
     if chosen is None:
         return StepResult(token_ids, [None] * len(token_ids), accepted, num_proposals)
     chosen_list = chosen.tolist()

@@ -12,8 +12,12 @@ tokens: slot -1, length 0.
 ``mode`` picks where the proposals come from: ``NGRAM`` the lookup; ``GIVEN`` the host's
 (``given``, e.g. a draft model's); ``REPEAT`` ``first`` again (a benchmark's fixed cost).
 
-The torch reference loops over rows on the host; the Triton kernel (``verify_inputs_triton``)
-runs one program per row and is captured in the verify step's CUDA graph.
+After sampling, ``accept_proposals`` counts per row how many proposals stand (each while it
+equals the sample before it) and picks the sample after them, the next step's first token.
+
+The torch references loop over rows on the host (or use a few tensor ops); the Triton
+kernels (``verify_inputs_triton``) run one program per row, the first captured in the
+verify step's CUDA graph.
 """
 
 from __future__ import annotations
@@ -163,3 +167,28 @@ def verify_inputs_torch(
     out.slot_mapping.copy_(torch.tensor(slots, dtype=torch.int64, device=device))
     out.seq_lens.copy_(torch.tensor(seq_lens, dtype=out.seq_lens.dtype, device=device))
     out.num_proposals.copy_(torch.tensor(counts, dtype=out.num_proposals.dtype, device=device))
+
+
+def accept_proposals(
+    samples: Tensor, input_ids: Tensor, num_proposals: Tensor, queries: int, packed: Tensor
+) -> Tensor:
+    """Per row of a verify step's ``samples`` (``[R * Q]``, the tokens it ran ``input_ids``):
+    the proposals that stand, written with the samples and the proposal counts into
+    ``packed`` (``[R * Q + 2R]`` int64: samples, accepted, proposed: one copy to the host);
+    returns the sample each row continues from (``[R]``)."""
+    rows = num_proposals.shape[0]
+    continues = torch.empty(rows, dtype=torch.int64, device=samples.device)
+    if use_triton(samples):
+        from infer.kernels.verify_inputs_triton import accept_proposals_triton
+
+        accept_proposals_triton(samples, input_ids, num_proposals, queries, packed, continues)
+        return continues
+    tokens = samples.view(rows, queries)
+    agree = tokens[:, :-1] == input_ids.view(rows, queries)[:, 1:]
+    proposed = torch.arange(queries - 1, device=samples.device) < num_proposals[:, None]
+    accepted = (agree & proposed).long().cumprod(dim=1).sum(dim=1)
+    packed[: rows * queries].copy_(samples)
+    packed[rows * queries : rows * (queries + 1)].copy_(accepted)
+    packed[rows * (queries + 1) :].copy_(num_proposals)
+    continues.copy_(tokens.gather(1, accepted[:, None])[:, 0])
+    return continues

@@ -1,6 +1,7 @@
-"""Triton kernel of ``verify_inputs``: one program per row; the n-gram lookup steps through
-the row's earlier positions ``BLOCK`` at a time, gathering token ids through its block
-table, so it costs what the row's length asks and reads its length on the device."""
+"""Triton kernels of ``verify_inputs`` and ``accept_proposals``, one program per row. The
+n-gram lookup steps through the row's earlier positions ``BLOCK`` at a time, gathering token
+ids through its block table, so it costs what the row's length asks and reads its length on
+the device."""
 
 from __future__ import annotations
 
@@ -100,7 +101,40 @@ def _verify_inputs_kernel(
     tl.store(Slots + tokens, block * block_size + positions % block_size, mask=in_row)
     tl.store(SeqLens + row, (base + Q).to(tl.int32))
     tl.store(NumProposals + row, count.to(tl.int32))
+
+
+@triton.jit
+def _accept_kernel(Samples, Inputs, NumProposals, Packed, Continues, rows,
+                   Q: tl.constexpr, Q_POW2: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, Q_POW2)
+    in_row = offs < Q
+    samples = tl.load(Samples + row * Q + offs, mask=in_row, other=0)
+    # The proposal after sample j is input j + 1: it stands while all before it did.
+    after = tl.load(Inputs + row * Q + offs + 1, mask=offs < Q - 1, other=-1)
+    count = tl.load(NumProposals + row)
+    missed = (samples != after) | (offs >= count)
+    accepted = tl.min(tl.where(missed, offs, Q), 0)  # the first proposal that does not stand
+    tl.store(Packed + row * Q + offs, samples, mask=in_row)
+    tl.store(Packed + rows * Q + row, accepted.to(tl.int64))
+    tl.store(Packed + rows * (Q + 1) + row, count.to(tl.int64))
+    tl.store(Continues + row, tl.sum(tl.where(offs == accepted, samples, 0), 0))
 # fmt: on
+
+
+def accept_proposals_triton(
+    samples: Tensor,
+    input_ids: Tensor,
+    num_proposals: Tensor,
+    queries: int,
+    packed: Tensor,
+    continues: Tensor,
+) -> None:
+    rows = num_proposals.shape[0]
+    _accept_kernel[(rows,)](
+        samples, input_ids, num_proposals, packed, continues, rows,
+        Q=queries, Q_POW2=triton.next_power_of_2(queries), num_warps=1,
+    )  # fmt: skip
 
 
 def verify_inputs_triton(

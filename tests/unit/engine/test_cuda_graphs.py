@@ -21,6 +21,16 @@ from infer.engine.cuda_graphs import (
     mixed_sizes,
     smallest_fitting,
 )
+from infer.engine.token_history import TokenHistory
+from infer.engine.verify_step import (
+    VerifyPlan,
+    VerifyShape,
+    empty_inputs,
+    load_rows,
+    new_rows,
+    verify_metadata,
+)
+from infer.kernels.verify_inputs import ProposalMode, verify_inputs
 
 
 def test_decode_sizes_are_small_powers_then_multiples_of_16() -> None:
@@ -84,3 +94,38 @@ def test_a_padded_step_gives_the_real_rows_what_the_step_gives_alone(
             expected = model.compute_logits(alone) if bucket.decode else alone
         real = len(seqs) if bucket.decode else input_ids.shape[0]
         torch.testing.assert_close(padded[:real], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_verify_bucket_gives_the_real_rows_what_an_eager_verify_step_gives(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    """Three verify rows in the bucket of four: the inputs the graph makes on the device
+    (n-gram proposals from the token history) and the logits of every real token."""
+    llm = LLM(str(tiny_checkpoint("llama")), num_gpu_blocks=64, max_seq_len=128, max_batch_size=8)
+    model, cpu = llm.engine.model, torch.device("cpu")
+    history = TokenHistory(64, 16, cpu)
+    pattern = [7, 8, 9, 10, 11] * 8
+    for table, length in (([0, 1], 20), ([2, 3], 17), ([4], 9)):
+        slots = [table[p // 16] * 16 + p % 16 for p in range(length)]
+        history.ids[slots] = torch.tensor(pattern[:length], dtype=torch.int32)
+    plan = VerifyPlan(
+        [[0, 1], [2, 3], [4]], [10, 7, 3], [20, 17, 9], [3, 2, 3], None, ProposalMode.NGRAM
+    )
+    graphs = CUDAGraphRunner(model, 16, 8, 128, 64, cpu, VerifyShape(4, 1, 2), history)  # type: ignore[arg-type]
+    bucket = graphs.verify_bucket(3)
+    assert bucket == Bucket(16, 4, False, 4)
+    with torch.inference_mode():
+        graphs.load_verify(plan, None)
+        padded = graphs.forward(bucket)[:12]
+        made = graphs.verify_outputs(3)
+        rows, extra = new_rows(3, cpu)
+        tables = torch.empty(3, 2, dtype=torch.int32)
+        load_rows(plan, None, rows, extra, tables)
+        inputs = empty_inputs(3, 4, cpu)
+        verify_inputs(inputs, rows, tables, history.ids, queries=4, block_size=16, min_n=1, max_n=2)
+        meta = verify_metadata(inputs, rows, tables, 4, 128)
+        expected = model.compute_logits(model(inputs.input_ids, meta))
+    assert made.input_ids.tolist() == inputs.input_ids.tolist()
+    assert made.input_ids[:8].tolist() == [10, 11, 7, 8, 7, 8, 7, 7]  # row 1: two proposals
+    assert made.num_proposals.tolist() == [3, 2, 0]
+    torch.testing.assert_close(padded, expected, atol=1e-5, rtol=1e-5)

@@ -13,35 +13,46 @@ import pytest
 import torch
 
 from infer import LLM, SamplingParams
-from infer.engine.verify_step import accept, plan_rows
-from infer.kernels.verify_inputs import ProposalMode
+from infer.engine.verify_step import VerifyPlan, load_rows, new_rows, row_layout
+from infer.kernels.verify_inputs import ProposalMode, RowStarts
 
 NGRAM = {"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 OPTIONS: dict[str, Any] = {"num_gpu_blocks": 256, "max_seq_len": 256, "block_size": 4}
 
 
+def _loaded(plan: VerifyPlan, previous: Any) -> tuple[RowStarts, torch.Tensor, torch.Tensor]:
+    rows, extra = new_rows(len(plan.tables), torch.device("cpu"))
+    tables = torch.full((4, 6), -1, dtype=torch.int32)
+    load_rows(plan, previous, rows, extra, tables)
+    return rows, extra, tables
+
+
 def test_rows_fed_from_a_verify_step_start_past_what_it_accepted() -> None:
     samples, accepted = torch.tensor([50, 60, 70]), torch.tensor([2, 0, 3])
-    rows = plan_rows(
-        [5, 0, 0], [9, 20, 30], [3, 3, 0], [(1, 2), (2, 0)], (samples, accepted),
-        ProposalMode.NGRAM, torch.device("cpu"),
-    )  # fmt: skip
-    starts = rows.starts
-    assert starts.first.tolist() == [5, 70, 50] and starts.base.tolist() == [9, 23, 32]
-    assert rows.extra.tolist() == [0, 3, 2] and starts.limit.tolist() == [3, 3, 0]
-    assert starts.num_rows.tolist() == [3] and starts.mode.tolist() == [0]
-    plain = plan_rows(
-        [0], [9], [3], [(0, 1)], (samples, None), ProposalMode.NGRAM, torch.device("cpu")
+    plan = VerifyPlan(
+        [[4, 5], [6], [7, 8, 9]], [0, 0, 0], [9, 20, 30], [3, 3, 0], [2, 0, 1], ProposalMode.NGRAM
     )
-    assert plain.starts.first.tolist() == [60] and plain.starts.base.tolist() == [9]
+    rows, extra, tables = _loaded(plan, (samples, accepted))
+    assert rows.first.tolist() == [70, 50, 60] and rows.base.tolist() == [12, 22, 30]
+    assert extra.tolist() == [3, 2, 0] and rows.limit.tolist() == [3, 3, 0]
+    assert rows.num_rows.tolist() == [3, 0] and rows.mode.tolist() == [0]
+    assert tables[:3, :3].tolist() == [[4, 5, 0], [6, 0, 0], [7, 8, 9]]
+    after_plain, extra, _ = _loaded(plan, (samples, None))
+    assert after_plain.first.tolist() == [70, 50, 60] and after_plain.base.tolist() == [9, 20, 30]
+    assert extra.tolist() == [0, 0, 0]
 
 
-def test_proposals_stand_while_each_equals_the_sample_before_it() -> None:
-    samples = torch.tensor([6, 7, 9, 1, 5, 4, 4, 4, 8, 2, 3, 5])
-    inputs = torch.tensor([5, 6, 7, 8, 3, 4, 4, 4, 7, 8, 2, 3])
-    accepted, continues = accept(samples, inputs, torch.tensor([3, 3, 2]), 4)
-    # Row 0: 6 and 7 agree, 9 not; row 1: 5 not 4; row 2: both agree (there is no third).
-    assert accepted.tolist() == [2, 0, 2] and continues.tolist() == [9, 5, 3]
+def test_rows_not_fed_start_where_the_host_says() -> None:
+    plan = VerifyPlan([[1], [2]], [5, 6], [3, 4], [2, 1], None, ProposalMode.REPEAT)
+    rows, extra, _ = _loaded(plan, None)
+    assert rows.first.tolist() == [5, 6] and rows.base.tolist() == [3, 4]
+    assert extra.tolist() == [0, 0] and rows.mode.tolist() == [2]
+
+
+def test_the_layout_pads_a_bucket_with_rows_without_tokens() -> None:
+    starts, order, owners = row_layout(torch.tensor([2, 0], dtype=torch.int32), 4, 3)
+    assert starts.tolist() == [0, 3, 6, 6, 6] and order.tolist() == [0, 1, 2, 3]
+    assert owners.tolist() == [0, 0, 0, 1, 1, 1] + [-1] * 6
 
 
 @pytest.fixture(scope="module")

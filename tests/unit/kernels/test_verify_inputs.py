@@ -12,11 +12,12 @@ from infer.kernels.verify_inputs import (
     ProposalMode,
     RowStarts,
     VerifyInputs,
+    accept_proposals,
     ngram_lookup,
     verify_inputs_torch,
     write_history,
 )
-from infer.kernels.verify_inputs_triton import verify_inputs_triton
+from infer.kernels.verify_inputs_triton import accept_proposals_triton, verify_inputs_triton
 
 BLOCK_SIZE = 4
 QUERIES = 5
@@ -153,3 +154,22 @@ def test_write_history_skips_unwritten_tokens() -> None:
     history = torch.zeros(9, dtype=torch.int32)
     write_history(history, torch.tensor([5, 6, 7]), torch.tensor([2, -1, 7]))
     assert history[:8].tolist() == [0, 0, 5, 0, 0, 0, 0, 7]
+
+
+def test_accept_kernel_counts_what_the_reference_does() -> None:
+    generator = torch.Generator().manual_seed(2)
+    rows = 6
+    inputs = torch.randint(0, 3, (rows * QUERIES,), generator=generator)
+    samples = torch.randint(0, 3, (rows * QUERIES,), generator=generator)
+    samples[:4] = inputs[1:5]  # row 0: every proposal stands
+    counts = torch.tensor([4, 4, 2, 0, 3, 1], dtype=torch.int32)
+    packed = [torch.full((rows * (QUERIES + 2),), -5, dtype=torch.int64) for _ in range(2)]
+    reference = accept_proposals(samples, inputs, counts, QUERIES, packed[0])
+    kernel = torch.empty(rows, dtype=torch.int64)
+    accept_proposals_triton(samples, inputs, counts, QUERIES, packed[1], kernel)
+    torch.testing.assert_close(kernel, reference)
+    torch.testing.assert_close(packed[1], packed[0])
+    assert (
+        packed[0][rows * QUERIES] == 4
+        and packed[0][rows * (QUERIES + 1) :].tolist() == counts.tolist()
+    )
