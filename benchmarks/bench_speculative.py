@@ -6,12 +6,16 @@
   whether the outputs are identical. ``--vllm`` adds vLLM with the same n-gram settings on
   the same folder (with and without speculation).
 * ``verify``: dummy weights (``--dummy-model``, llama-3.2-3b): the engine's mean step time
-  decoding plainly (scheduled ahead, graphs) against steps that check ``k`` = 1..8 fixed
-  proposals per row, at batch 1 and 8; from their ratio, the acceptance rate at which each
-  ``k`` breaks even (a row then yields ``(1 - a^(k+1)) / (1 - a)`` tokens a step).
+  decoding plainly (scheduled ahead, graphs) against steps that check ``k`` = 1..8 proposals
+  per row (an engine per ``k``, its proposals the row's token again, made on the device, so
+  every step checks ``k``), at batch 1 and 8; from their ratio, the acceptance rate at which
+  each ``k`` breaks even (a row then yields ``(1 - a^(k+1)) / (1 - a)`` tokens a step).
+* ``burst``: dummy weights, the offline ``burst256`` workload (greedy) with n-gram speculation
+  switched off and on, alternately (``--rounds`` of each): speculation must cost nothing
+  where it cannot pay (256 rows are compute-bound).
 
     python benchmarks/bench_speculative.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        --parts quoting,verify [--vllm] [--output F.json] [--scoreboard]
+        --parts quoting,verify,burst [--vllm] [--output F.json] [--scoreboard]
 
 The GGUF is dequantised once into an HF folder (``--folder``, bf16) that both engines
 load, so they run the same weights.
@@ -22,8 +26,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,9 +38,12 @@ import torch
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
 from infer.bench.checkpoint import write_gguf_checkpoint
+from infer.bench.offline import run_infer
 from infer.engine.engine import Engine
 from infer.engine.request import Request
 from infer.engine.speculation import SpeculationStats
+from infer.kernels.verify_inputs import ProposalMode
+from infer.workloads import make_workload
 
 CODE = '''def parse_size(text):
     """Bytes in a size such as 10K, 3M or 2G."""
@@ -138,49 +146,45 @@ def _quoting_engine(
     return generate_peer, None
 
 
-class _FixedProposer:
-    """Always ``k`` proposals (the last token again): the step's cost, whatever is accepted."""
+class _AlwaysOpen:
+    """A gate that lets every row take ``k`` proposals (they are not meant to pay here)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
-        return [[r.token_ids[-1]] * min(self.k, limit) for r, limit in zip(requests, limits)]
+    def limits(self, requests: list[Request], cost: float | None) -> list[int]:
+        return [self.k] * len(requests)
+
+    def record(self, request: Request, accepted: int) -> None:
+        pass
+
+    def observe(self, requests: list[Request]) -> None:
+        pass
 
     def forget(self, request: Request) -> None:
         pass
 
 
-class _AlwaysOpen:
-    """A gate that never steps aside (the proposals here are not meant to pay)."""
-
-    def is_open(self, batch_size: int) -> bool:
-        return True
-
-    def record(self, accepted: int) -> None:
-        pass
-
-    def tick(self) -> None:
-        pass
-
-
 def _mean_decode_step_s(
     engine: Engine, batch: int, steps: int, k: int = 0, prompt_len: int = 128
-) -> float:
+) -> tuple[float, float]:
     """Mean wall time of the steps after the prompts (``batch`` rows decoding; outputs
-    long enough for ``steps`` steps even where all ``k`` proposals are accepted)."""
+    long enough for ``steps`` steps even where all ``k`` proposals are accepted), and the
+    share of them that verified proposals."""
     params = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
     generator = torch.Generator().manual_seed(0)
     for _ in range(batch):
         prompt = torch.randint(100, 30000, (prompt_len,), generator=generator).tolist()
         engine.add_request(prompt, params)
-    times = []
+    times, verifying = [], []
     while engine.has_unfinished_requests():
         started = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - started)
-    decode = times[4:-4]  # past the prefill, before the last rows finish
-    return sum(decode) / len(decode)
+        in_flight = engine.pipeline.uncollected
+        verifying.append(in_flight is not None and in_flight.scheduled.verify_queries > 0)
+    decode, verified = times[4:-4], verifying[4:-4]  # past the prefill, before the last rows finish
+    return sum(decode) / len(decode), sum(verified) / len(verified)
 
 
 def break_even(ratio: float, k: int) -> float | None:
@@ -196,24 +200,22 @@ def break_even(ratio: float, k: int) -> float | None:
     return round(high, 3)
 
 
-def verify_costs(model: str, steps: int) -> list[dict[str, Any]]:
+def verify_costs(model: str, steps: int, ks: Sequence[int] = range(1, 9)) -> list[dict[str, Any]]:
     rows = []
     plain = LLM(model, load_format="dummy", gpu_memory_utilization=0.5)
-    base = {b: _mean_decode_step_s(plain.engine, b, steps) for b in (1, 8)}
+    base = {b: _mean_decode_step_s(plain.engine, b, steps)[0] for b in (1, 8)}
     del plain
     gc.collect()
     torch.cuda.empty_cache()
-    llm = LLM(
-        model,
-        load_format="dummy",
-        gpu_memory_utilization=0.5,
-        speculative_config={"num_speculative_tokens": 8},
-    )
-    llm.engine.scheduler.gate = _AlwaysOpen()
-    for k in range(1, 9):
-        llm.engine.scheduler.proposer = _FixedProposer(k)
+    for k in ks:
+        spec = {"num_speculative_tokens": k}
+        llm = LLM(model, load_format="dummy", gpu_memory_utilization=0.5, speculative_config=spec)
+        engine = llm.engine
+        engine.runner.proposal_mode = ProposalMode.REPEAT
+        engine.scheduler.gate = _AlwaysOpen(k)  # type: ignore[assignment]
+        graphs = engine.runner.graphs
         for batch in (1, 8):
-            step_s = _mean_decode_step_s(llm.engine, batch, steps, k)
+            step_s, verified = _mean_decode_step_s(engine, batch, steps, k)
             ratio = step_s / base[batch]
             row = {
                 "k": k,
@@ -222,9 +224,42 @@ def verify_costs(model: str, steps: int) -> list[dict[str, Any]]:
                 "verify_step_ms": round(step_s * 1e3, 3),
                 "ratio": round(ratio, 3),
                 "break_even_acceptance": break_even(ratio, k),
+                "verify_share": round(verified, 3),
+                "graph_cost": None if graphs is None else graphs.verify_costs.get(batch),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
+        del llm, engine, graphs
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+NGRAM_BURST = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+def burst(model: str, rounds: int) -> list[dict[str, Any]]:
+    """``burst256`` (dummy weights, greedy) without and with n-gram speculation, in turns."""
+    rows = []
+    for round_ in range(rounds):
+        for speculative in (None, NGRAM_BURST):
+            llm = LLM(model, load_format="dummy", speculative_config=speculative)
+            vocab = llm.engine.model_config.vocab_size
+            workload = make_workload("burst256", vocab)
+            warmup = make_workload("burst256", vocab, 8, seed=1).capped(8)
+            result = run_infer(llm.engine, workload, warmup, progress=False)
+            tokens = sum(r.output_tokens for r in result.requests if r.ok)
+            row = {
+                "round": round_,
+                "speculation": speculative is not None,
+                "output_tok_s": round(tokens / result.duration_s, 1),
+                **({"speculation_stats": result.extra["speculation"]} if speculative else {}),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -236,6 +271,7 @@ def main() -> None:
     parser.add_argument("--dummy-model", default="llama-3.2-3b")
     parser.add_argument("--vllm", action="store_true", help="also vLLM's n-gram speculation")
     parser.add_argument("--max-tokens", type=int, default=256, help="outputs (verify: steps)")
+    parser.add_argument("--rounds", type=int, default=2, help="burst: runs of each setting")
     parser.add_argument("--output", type=Path, default=Path("speculative.json"))
     parser.add_argument("--scoreboard", action="store_true")
     args = parser.parse_args()
@@ -249,6 +285,8 @@ def main() -> None:
         record["quoting"] = [r for e in engines for r in quoting(e, folder, args.max_tokens)]
     if "verify" in parts:
         record["verify"] = verify_costs(args.dummy_model, args.max_tokens)
+    if "burst" in parts:
+        record["burst"] = burst(args.dummy_model, args.rounds)
     args.output.write_text(json.dumps(record, indent=1) + "\n")
     if args.scoreboard and "quoting" in record:
         figures = {
@@ -257,10 +295,10 @@ def main() -> None:
             for r in record["quoting"]
         }
         scoreboard.update_many(figures, sampling="greedy")
-    _print_table(record)
+    print_table(record)
 
 
-def _print_table(record: dict[str, Any]) -> None:
+def print_table(record: dict[str, Any]) -> None:
     for row in record.get("quoting", []):
         spec = row.get("speculation_stats", {})
         print(
@@ -272,8 +310,16 @@ def _print_table(record: dict[str, Any]) -> None:
         print(
             f"k={row['k']} batch {row['batch']}: {row['verify_step_ms']:.2f} ms vs "
             f"{row['plain_step_ms']:.2f} ms ({row['ratio']:.2f}x), break-even acceptance "
-            f"{row['break_even_acceptance']}"
+            f"{row['break_even_acceptance']}, verifying {row['verify_share']:.0%} of steps"
         )
+    runs = record.get("burst", [])
+    for speculative in (False, True):
+        rates = [r["output_tok_s"] for r in runs if r["speculation"] is speculative]
+        if rates:
+            print(f"burst256 speculation {'on ' if speculative else 'off'}: {rates} tok/s")
+    on, off = ([r["output_tok_s"] for r in runs if r["speculation"] is s] for s in (True, False))
+    if on and off:
+        print(f"burst256 on / off (medians): {statistics.median(on) / statistics.median(off):.3f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.speculation import NgramProposer, Proposer, VerifyCosts
+from infer.engine.verify_step import MAX_VERIFY_TOKENS
 from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
 from infer.loader import ModelSource, resolve_model
@@ -68,9 +69,10 @@ class Engine:
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.scheduler = Scheduler(config, self.pool, self.max_seq_len, self._proposer())
         if self.runner.verify is not None and self.draft is None:
-            graphs = self.runner.graphs
-            costs = VerifyCosts(None if graphs is None else graphs.verify_costs)
-            self.scheduler.use_device_proposals(self.runner.verify.queries, costs)
+            graphs, queries = self.runner.graphs, self.runner.verify.queries
+            measured = None if graphs is None else graphs.verify_costs
+            costs = VerifyCosts(measured, max_rows=MAX_VERIFY_TOKENS // queries)
+            self.scheduler.use_device_proposals(queries, costs)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         self.pipeline = Pipeline(

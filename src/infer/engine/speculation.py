@@ -121,11 +121,18 @@ class VerifyCosts:
     proposals waits for the host and runs a mixed step: ``HOST_PROPOSALS`` times.
     """
 
-    def __init__(self, by_rows: dict[int, float] | None = None) -> None:
+    def __init__(
+        self, by_rows: dict[int, float] | None = None, max_rows: int | None = None
+    ) -> None:
+        """``max_rows``: the widest verify step, measured or not."""
         self.by_rows = dict(sorted((by_rows or {}).items()))
+        self.max_rows = max_rows
 
     def device(self, batch_size: int) -> float | None:
-        """A verify step's cost at ``batch_size`` rows; None where no graph holds them."""
+        """A verify step's cost at ``batch_size`` rows; None where no graph holds them (or
+        they are more than ``max_rows``)."""
+        if self.max_rows is not None and batch_size > self.max_rows:
+            return None
         if not self.by_rows:
             return _UNMEASURED
         return next((cost for rows, cost in self.by_rows.items() if rows >= batch_size), None)

@@ -166,3 +166,4 @@ def test_verify_costs_come_from_the_smallest_graph_that_holds_the_batch() -> Non
     assert costs.device(1) == 1.02 and costs.device(5) == 1.1 and costs.device(16) == 1.3
     assert costs.device(17) is None
     assert VerifyCosts().device(100) is not None  # unmeasured (the CPU): a default
+    assert VerifyCosts(max_rows=64).device(65) is None
