@@ -1,7 +1,8 @@
 """Where a speculative verify step's extra time goes (issue 51), against a plain decode step.
 
-One engine (dummy weights, speculation configured); for each case (plain, k=1, k=4 at batch
-1 and 8) it runs a few dozen decode steps and reports:
+An engine (dummy weights) for each of plain decoding and k=1, k=4 proposals a row (made on
+the device, every step checking k); at batch 1 and 8 it runs a few dozen decode steps and
+reports:
 
 * the mean wall time of ``Engine.step`` (as ``bench_speculative.py --parts verify``);
 * host time per step in each phase (schedule, schedule_ahead, propose, forward, graph run,
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
+import sys
 import time
 import traceback
 from collections import defaultdict
@@ -30,34 +33,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_speculative import _AlwaysOpen
 from infer import LLM, SamplingParams
 from infer.engine.engine import Engine
-from infer.engine.request import Request
-
-
-class _FixedProposer:
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
-        return [[r.token_ids[-1]] * min(self.k, limit) for r, limit in zip(requests, limits)]
-
-    def forget(self, request: Request) -> None:
-        pass
-
-
-class _Gate:
-    def __init__(self, open_: bool) -> None:
-        self.open = open_
-
-    def is_open(self, batch_size: int) -> bool:
-        return self.open
-
-    def record(self, accepted: int) -> None:
-        pass
-
-    def tick(self) -> None:
-        pass
+from infer.kernels.verify_inputs import ProposalMode
 
 
 class _Phases:
@@ -81,7 +61,7 @@ class _Phases:
             if self.on:
                 self.seconds[label] += time.perf_counter() - started
                 self.calls[label] += 1
-                if label == "graphs.run":
+                if label.startswith("graphs.run"):
                     if result is None:
                         self.eager += 1
                     else:
@@ -142,9 +122,10 @@ def _sync() -> None:
 
 
 def run_case(engine: Engine, phases: _Phases, k: int, batch: int, steps: int) -> dict[str, Any]:
-    scheduler = engine.scheduler
-    scheduler.gate = _Gate(k > 0)  # type: ignore[assignment]
-    scheduler.proposer = _FixedProposer(max(k, 1))
+    """``k`` proposals a row every step (made on the device), or plain steps (``k`` 0)."""
+    if k:
+        engine.runner.proposal_mode = ProposalMode.REPEAT
+        engine.scheduler.gate = _AlwaysOpen(k)  # type: ignore[assignment]
     params = SamplingParams(temperature=0, max_tokens=(steps + 40) * (k + 1), ignore_eos=True)
     generator = torch.Generator().manual_seed(0)
     ids = []
@@ -231,36 +212,37 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
     }
     started = time.perf_counter()
-    llm = LLM(
-        args.model,
-        load_format=args.load_format,
-        gpu_memory_utilization=0.5,
-        speculative_config={"num_speculative_tokens": 8},
-    )
-    engine = llm.engine
-    record["startup_s"] = round(time.perf_counter() - started, 1)
-    print(f"engine ready in {record['startup_s']} s", flush=True)
-    phases = _Phases()
-    scheduler, runner = engine.scheduler, engine.runner
-    for name in ("schedule", "schedule_ahead", "update"):
-        phases.wrap(scheduler, name)
-    for name in ("forward", "sample", "collect"):
-        phases.wrap(runner, name)
-    phases.wrap(runner.model, "compute_logits", "compute_logits")
-    if runner.graphs is not None:
-        phases.wrap(runner.graphs, "run", "graphs.run")
     cases = []
-    for k, batch in ((0, 1), (1, 1), (4, 1), (0, 8), (1, 8), (4, 8)):
-        try:
-            # The proposer is replaced per case: time its calls through the scheduler.
-            row = run_case(engine, phases, k, batch, args.steps)
-        except Exception:
-            row = {"k": k, "batch": batch, "error": traceback.format_exc()}
-        cases.append(row)
-        print(json.dumps(row), flush=True)
-        (args.out / "probe_spec_verify.json").write_text(
-            json.dumps(record | {"cases": cases}, indent=1)
-        )
+    engine = None
+    for k in (0, 1, 4):
+        spec = {"num_speculative_tokens": k} if k else None
+        llm = LLM(args.model, load_format=args.load_format, gpu_memory_utilization=0.5,
+                  speculative_config=spec)  # fmt: skip
+        engine = llm.engine
+        print(f"engine (k={k}) ready after {time.perf_counter() - started:.1f} s", flush=True)
+        phases = _Phases()
+        scheduler, runner = engine.scheduler, engine.runner
+        for name in ("schedule", "schedule_ahead", "update"):
+            phases.wrap(scheduler, name)
+        for name in ("forward", "sample", "collect"):
+            phases.wrap(runner, name)
+        phases.wrap(runner.model, "compute_logits", "compute_logits")
+        if runner.graphs is not None:
+            for name in ("run", "run_verify"):
+                phases.wrap(runner.graphs, name, f"graphs.{name}")
+        for batch in (1, 8):
+            try:
+                row = run_case(engine, phases, k, batch, args.steps)
+            except Exception:
+                row = {"k": k, "batch": batch, "error": traceback.format_exc()}
+            cases.append(row)
+            print(json.dumps(row), flush=True)
+            partial = record | {"cases": cases}
+            (args.out / "probe_spec_verify.json").write_text(json.dumps(partial, indent=1))
+        if k < 4:
+            del llm, engine, scheduler, runner
+            gc.collect()
+            torch.cuda.empty_cache()
     try:
         record["replays"] = replay_costs(engine) if cuda else []
         print(json.dumps(record["replays"]), flush=True)
