@@ -86,6 +86,14 @@ class _EngineCollector(Collector):
             "Tokens a checked row produced per step (its own sample included), since start.",
             spec.mean_accepted_length,
         )
+        by_position = CounterMetricFamily(
+            "infer_spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens the model agreed with, by position among a row's proposals.",
+            labels=["position"],
+        )
+        for position, count in enumerate(spec.accepted_by_position):
+            by_position.add_metric([str(position)], count)
+        yield by_position
 
 
 class ServerMetrics:

@@ -83,3 +83,21 @@ def test_the_engines_counters_come_from_its_latest_snapshot() -> None:
     assert value("infer_num_preemptions_total") == 2
     assert value("infer_generation_tokens_total") == 40
     assert value("infer_structured_output_errors_total") == 1
+
+
+def test_speculation_counters_match_vllms_spec_decode_metrics() -> None:
+    """Proposals, acceptances, the rate and acceptance by position among a row's proposals."""
+    from infer.engine.speculation import SpeculationStats
+
+    stats = SpeculationStats()
+    stats.record(4, 3)
+    stats.record(4, 1)
+    stats.record(2, 0)
+    metrics = ServerMetrics(lambda: EngineSnapshot(speculation=stats))
+    samples = _samples(metrics.registry)
+    assert samples["infer_spec_decode_num_drafts_total{}"] == 3
+    assert samples["infer_spec_decode_num_draft_tokens_total{}"] == 10
+    assert samples["infer_spec_decode_num_accepted_tokens_total{}"] == 4
+    assert samples["infer_spec_decode_acceptance_rate{}"] == pytest.approx(0.4)
+    per_position = "infer_spec_decode_num_accepted_tokens_per_pos_total"
+    assert [samples[f"{per_position}{{'position': '{i}'}}"] for i in range(3)] == [2, 1, 1]
