@@ -37,6 +37,7 @@ from infer.kernels.verify_inputs import (
     ProposalMode,
     RowStarts,
     VerifyInputs,
+    VerifyShape,
     accept_proposals,
     verify_inputs_torch,
 )
@@ -126,8 +127,8 @@ def _verify_inputs_same() -> bool:
             torch.zeros(rows, dtype=torch.int32, device=device),
         )
         moved = RowStarts(*(getattr(starts, f).to(device) for f in starts.__dataclass_fields__))
-        fill(out, moved, tables.to(device), history.to(device), queries=queries,
-             block_size=block_size, min_n=1, max_n=3)  # fmt: skip
+        fill(out, moved, tables.to(device), history.to(device), VerifyShape(queries, 1, 3),
+             block_size)  # fmt: skip
         outputs.append([t.cpu() for t in vars(out).values()])
     return all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
 

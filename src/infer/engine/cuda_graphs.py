@@ -33,11 +33,10 @@ from infer.engine.verify_step import (
     MAX_VERIFY_TOKENS,
     VerifyOutputs,
     VerifyPlan,
-    VerifyShape,
     load_rows,
     row_layout,
 )
-from infer.kernels.verify_inputs import RowStarts, VerifyInputs, verify_inputs
+from infer.kernels.verify_inputs import RowStarts, VerifyInputs, VerifyShape, verify_inputs
 from infer.models import DecoderModel
 
 # A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
@@ -215,10 +214,8 @@ class CUDAGraphRunner:
             ),
             self.block_tables[:rows],
             self.history.ids,
-            queries=queries,
-            block_size=self.block_size,
-            min_n=self.verify.min_n,
-            max_n=self.verify.max_n,
+            self.verify,
+            self.block_size,
         )  # fmt: skip
         self.history.write(inputs.input_ids, inputs.slot_mapping)
         starts, order, owners = row_layout(self.row_counts, rows, queries)

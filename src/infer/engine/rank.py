@@ -19,10 +19,10 @@ from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.runner import ModelRunner
 from infer.engine.token_history import TokenHistory
-from infer.engine.verify_step import VerifyShape
 from infer.engine.warmup import warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
 from infer.kernels.paged_attention import max_decode_queries
+from infer.kernels.verify_inputs import VerifyShape
 from infer.loader import ModelSource, load_model
 from infer.models import DecoderModel
 

@@ -38,13 +38,12 @@ from infer.engine.token_history import TokenHistory
 from infer.engine.verify_step import (
     VerifyOutputs,
     VerifyPlan,
-    VerifyShape,
     empty_inputs,
     load_rows,
     new_rows,
     verify_metadata,
 )
-from infer.kernels.verify_inputs import ProposalMode, accept_proposals, verify_inputs
+from infer.kernels.verify_inputs import ProposalMode, VerifyShape, accept_proposals, verify_inputs
 from infer.models import DecoderModel
 
 
@@ -269,9 +268,8 @@ class ModelRunner:
         load_rows(plan, previous, rows, extra, block_tables)
         inputs = empty_inputs(count, queries, self.device)
         verify_inputs(
-            inputs, rows, block_tables, self.history.ids, queries=queries,
-            block_size=self.pool.block_size, min_n=self.verify.min_n, max_n=self.verify.max_n,
-        )  # fmt: skip
+            inputs, rows, block_tables, self.history.ids, self.verify, self.pool.block_size
+        )
         self.history.write(inputs.input_ids, inputs.slot_mapping)
         meta = verify_metadata(inputs, rows, block_tables, queries, self.max_seq_len)
         logits = self.model.compute_logits(self.model(inputs.input_ids, meta))

@@ -28,16 +28,6 @@ from infer.kernels.verify_inputs import ProposalMode, RowStarts, VerifyInputs
 MAX_VERIFY_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class VerifyShape:
-    """Tokens a verify row runs (``queries``: the proposals plus one) and the n-gram sizes
-    its lookup tries."""
-
-    queries: int
-    min_n: int
-    max_n: int
-
-
 @dataclass
 class VerifyPlan:
     """A verify step's rows as the host knows them: block tables, and where each row starts

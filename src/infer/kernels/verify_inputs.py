@@ -33,6 +33,16 @@ from torch import Tensor
 from infer.kernels.dispatch import use_triton
 
 
+@dataclass(frozen=True)
+class VerifyShape:
+    """Tokens a verify row runs (``queries``: the proposals plus one) and the n-gram sizes
+    its lookup tries."""
+
+    queries: int
+    min_n: int
+    max_n: int
+
+
 class ProposalMode(IntEnum):
     NGRAM = 0
     GIVEN = 1
@@ -94,25 +104,16 @@ def verify_inputs(
     rows: RowStarts,
     block_tables: Tensor,
     history: Tensor,
-    *,
-    queries: int,
+    shape: VerifyShape,
     block_size: int,
-    min_n: int,
-    max_n: int,
 ) -> None:
     """Fill ``out`` for the rows of ``block_tables`` (see the module's docstring)."""
     if use_triton(history):
         from infer.kernels.verify_inputs_triton import verify_inputs_triton
 
-        verify_inputs_triton(
-            out, rows, block_tables, history,
-            queries=queries, block_size=block_size, min_n=min_n, max_n=max_n,
-        )  # fmt: skip
+        verify_inputs_triton(out, rows, block_tables, history, shape, block_size)
         return
-    verify_inputs_torch(
-        out, rows, block_tables, history,
-        queries=queries, block_size=block_size, min_n=min_n, max_n=max_n,
-    )  # fmt: skip
+    verify_inputs_torch(out, rows, block_tables, history, shape, block_size)
 
 
 def verify_inputs_torch(
@@ -120,13 +121,11 @@ def verify_inputs_torch(
     rows: RowStarts,
     block_tables: Tensor,
     history: Tensor,
-    *,
-    queries: int,
+    shape: VerifyShape,
     block_size: int,
-    min_n: int,
-    max_n: int,
 ) -> None:
     """Reference: one row at a time on the host (the CPU path and the kernel's tests)."""
+    queries, min_n, max_n = shape.queries, shape.min_n, shape.max_n
     num_rows = int(rows.num_rows[0])
     mode = ProposalMode(int(rows.mode[0]))
     tables = block_tables.long().cpu()

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.verify_inputs import ProposalMode, RowStarts, VerifyInputs
+from infer.kernels.verify_inputs import ProposalMode, RowStarts, VerifyInputs, VerifyShape
 
 _BLOCK = 256  # candidate positions a lookup step compares
 _NO_MATCH = tl.constexpr(1 << 62)
@@ -142,17 +142,14 @@ def verify_inputs_triton(
     rows: RowStarts,
     block_tables: Tensor,
     history: Tensor,
-    *,
-    queries: int,
+    shape: VerifyShape,
     block_size: int,
-    min_n: int,
-    max_n: int,
 ) -> None:
     assert int(ProposalMode.NGRAM) == 0 and int(ProposalMode.GIVEN) == 1
     _verify_inputs_kernel[(block_tables.shape[0],)](
         out.input_ids, out.positions, out.slot_mapping, out.seq_lens, out.num_proposals,
         rows.first, rows.base, rows.limit, rows.mode, rows.given, block_tables, history,
         rows.num_rows, rows.given.stride(0), block_tables.stride(0), block_size,
-        Q=queries, Q_POW2=triton.next_power_of_2(queries), MIN_N=min_n, MAX_N=max_n,
-        BLOCK=_BLOCK, num_warps=4,
+        Q=shape.queries, Q_POW2=triton.next_power_of_2(shape.queries), MIN_N=shape.min_n,
+        MAX_N=shape.max_n, BLOCK=_BLOCK, num_warps=4,
     )  # fmt: skip

@@ -24,13 +24,12 @@ from infer.engine.cuda_graphs import (
 from infer.engine.token_history import TokenHistory
 from infer.engine.verify_step import (
     VerifyPlan,
-    VerifyShape,
     empty_inputs,
     load_rows,
     new_rows,
     verify_metadata,
 )
-from infer.kernels.verify_inputs import ProposalMode, verify_inputs
+from infer.kernels.verify_inputs import ProposalMode, VerifyShape, verify_inputs
 
 
 def test_decode_sizes_are_small_powers_then_multiples_of_16() -> None:
@@ -122,7 +121,7 @@ def test_a_verify_bucket_gives_the_real_rows_what_an_eager_verify_step_gives(
         tables = torch.empty(3, 2, dtype=torch.int32)
         load_rows(plan, None, rows, extra, tables)
         inputs = empty_inputs(3, 4, cpu)
-        verify_inputs(inputs, rows, tables, history.ids, queries=4, block_size=16, min_n=1, max_n=2)
+        verify_inputs(inputs, rows, tables, history.ids, VerifyShape(4, 1, 2), 16)
         meta = verify_metadata(inputs, rows, tables, 4, 128)
         expected = model.compute_logits(model(inputs.input_ids, meta))
     assert made.input_ids.tolist() == inputs.input_ids.tolist()

@@ -12,6 +12,7 @@ from infer.kernels.verify_inputs import (
     ProposalMode,
     RowStarts,
     VerifyInputs,
+    VerifyShape,
     accept_proposals,
     ngram_lookup,
     verify_inputs_torch,
@@ -69,8 +70,7 @@ def _both(rows: RowStarts, tables: torch.Tensor, history: torch.Tensor, min_n: i
     outputs = []
     for fill in (verify_inputs_torch, verify_inputs_triton):
         out = _empty(tables.shape[0])
-        fill(out, rows, tables, history, queries=QUERIES, block_size=BLOCK_SIZE,
-             min_n=min_n, max_n=max_n)  # fmt: skip
+        fill(out, rows, tables, history, VerifyShape(QUERIES, min_n, max_n), BLOCK_SIZE)
         outputs.append(out)
     return outputs
 
