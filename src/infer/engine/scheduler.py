@@ -368,12 +368,12 @@ class Scheduler:
         cost = self.costs.device(len(rows))
         if cost is None or cost >= queries or self._admits_now():
             return None
-        starts = self._verify_starts(rows, previous)
-        if starts is None:
-            return None
         limits = self.gate.limits(rows, cost)
         limits = [min(limit, self._room_to_grow(r)) for r, limit in zip(rows, limits)]
         if not any(limit > 0 for limit in limits):
+            return None
+        starts = self._verify_starts(rows, previous)
+        if starts is None:
             return None
         for request in rows:  # the most the row can keep (``update`` gives back the rest)
             if not self.pool.prepare_append(request.seq_id, queries):  # type: ignore[arg-type]

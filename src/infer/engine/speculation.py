@@ -162,8 +162,10 @@ _RECENT = 0.3
 _FIRST_GAIN = 1.0
 _MIN_NEED = 0.05
 # Requests that do not propose are checked in the shadow (their own n-gram against the tokens
-# they went on to produce), this many a step, so that they resume when proposals would pay.
+# they went on to produce), at most so many a step and each so often, so that they resume
+# when proposals would pay.
 _SHADOW_CHECKS_PER_STEP = 2
+_SHADOW_EVERY = 8
 
 
 @dataclass
@@ -222,18 +224,20 @@ class SpeculationGate:
 
     def observe(self, requests: list[Request]) -> None:
         """Requests that did not propose in the step just collected: check their shadow
-        proposals against what they produced, and look up new ones (a few a step)."""
+        proposals against what they produced, and look up new ones (each request every
+        ``_SHADOW_EVERY`` steps, a few a step: the host's share of a plain step stays small)."""
         budget = _SHADOW_CHECKS_PER_STEP
         for request in requests:
             key = request.request_id
+            idle = self._idle[key] = self._idle.get(key, 0) + 1
             if self.shadow is None:
-                self._idle[key] = self._idle.get(key, 0) + 1
                 continue
             pending = self._shadows.get(key)
             if pending is not None:
                 self._settle(request, pending)
-            elif budget > 0:
+            elif budget > 0 and idle >= _SHADOW_EVERY:
                 budget -= 1
+                self._idle[key] = 0
                 tokens = request.token_ids
                 proposal = self.shadow(tokens, self.config.num_speculative_tokens)
                 if proposal:

@@ -77,8 +77,7 @@ def _verify_inputs_kernel(
     source = tl.full([], 0, tl.int64)
     count = tl.full([], 0, tl.int64)
     if mode == 0:  # ProposalMode.NGRAM
-        for step in tl.static_range(MAX_N - MIN_N + 1):
-            n = MAX_N - step
+        for n in tl.static_range(MAX_N, MIN_N - 1, -1):  # the longest n-gram first
             if (count == 0) & (length > n) & (limit > 0):
                 end = _match_end(History, table, base, first, length, limit, block_size, n, BLOCK)
                 if end >= 0:

@@ -131,7 +131,7 @@ def test_a_stopped_request_resumes_when_its_shadow_proposals_would_be_accepted()
         gate.record(request, 0)
     assert gate.limits([request], 1.1) == [0]
     request.token_ids = [7, 8, 9, 10, 11, 7, 8]
-    for token in [9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8]:
+    for token in [9, 10, 11, 7, 8] * 12:
         gate.observe([request])  # proposes 9, 10, 11, 7 in the shadow, then scores it
         request.token_ids.append(token)
     assert gate.limits([request], 1.1) == [4] and gate.gain(request) > 2
@@ -167,3 +167,14 @@ def test_verify_costs_come_from_the_smallest_graph_that_holds_the_batch() -> Non
     assert costs.device(17) is None
     assert VerifyCosts().device(100) is not None  # unmeasured (the CPU): a default
     assert VerifyCosts(max_rows=64).device(65) is None
+
+
+def test_shadow_lookups_are_few_a_step_and_each_request_waits_between_them() -> None:
+    calls: list[int] = []
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1)
+    gate = SpeculationGate(spec, shadow=lambda tokens, k: calls.append(len(tokens)) or [])
+    requests = _requests(5)
+    for _ in range(16):
+        gate.observe(requests)
+    # Steps 8 to 10 look all five up, two a step; the first two again at step 16, 8 after.
+    assert len(calls) == 7
