@@ -3,7 +3,10 @@ torch reference, and the reference against the host's n-gram lookup."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -173,3 +176,40 @@ def test_accept_kernel_counts_what_the_reference_does() -> None:
         packed[0][rows * QUERIES] == 4
         and packed[0][rows * (QUERIES + 1) :].tolist() == counts.tolist()
     )
+
+
+_COMPILE = """
+import inspect
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from infer.kernels import verify_inputs_triton as kernels
+
+pointers = {
+    "InputIds": "*i64", "Positions": "*i64", "Slots": "*i64", "SeqLens": "*i32",
+    "NumProposals": "*i32", "First": "*i64", "Base": "*i64", "Limit": "*i32", "Mode": "*i32",
+    "Given": "*i64", "Tables": "*i32", "History": "*i32", "NumRows": "*i32",
+    "stride_given": "i64", "stride_table": "i64", "block_size": "i32", "Samples": "*i64",
+    "Inputs": "*i64", "Packed": "*i64", "Continues": "*i64", "rows": "i32",
+}
+cases = [
+    (kernels._verify_inputs_kernel, {"Q": 5, "Q_POW2": 8, "MIN_N": 1, "MAX_N": 3, "BLOCK": 256}),
+    (kernels._accept_kernel, {"Q": 5, "Q_POW2": 8}),
+]
+for kernel, constants in cases:
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: pointers.get(n, "constexpr") for n in names}
+    constexprs = {(names.index(n),): v for n, v in constants.items()}
+    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+"""
+
+
+def test_the_kernels_compile_for_a_gpu() -> None:
+    """The interpreter runs what Triton's compiler rejects (a size that is not a constexpr):
+    compile for an H100, which needs no GPU (in a process of its own: the tests' kernels
+    are the interpreter's)."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE], env=environment, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
