@@ -5,11 +5,13 @@ verify steps cost and gain now (``bench_speculative.py``'s parts, shortened)?
   against the torch reference (bfloat16 and float32, with and without split keys), and the
   verify-input and accept kernels against their references, on CUDA tensors.
 * ``verify``: the verify table for ``--ks`` (an engine each, dummy llama-3.2-3b).
+  (``kernels`` runs only when asked: the other parts check the kernels end to end.)
 * ``quoting``: SmolLM2-135M (the GGUF), the quoting prompts, greedy, batch 1 and 8, n-gram
   speculation against none in the same process: tok/s, acceptance, identical outputs.
 * ``burst``: ``burst256`` (dummy llama-3.2-3b, greedy), speculation off then on.
 
     python benchmarks/probe_spec_after.py [--parts kernels,verify,quoting,burst] [--gguf F]
+        [--ks 1,4]
 
 Writes ``probe_spec_after.json`` under ``--out`` (default ``$OUT/spec``) after every part.
 """
@@ -178,10 +180,10 @@ PARTS: dict[str, Callable[[argparse.Namespace], Any]] = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default="verify,quoting,burst", help=", ".join(PARTS))
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--dummy-model", default="llama-3.2-3b")
-    parser.add_argument("--ks", default="1,2,4", help="verify: proposals a row")
+    parser.add_argument("--ks", default="1,4", help="verify: proposals a row")
     parser.add_argument("--steps", type=int, default=128, help="verify: steps a case")
     parser.add_argument("--max-tokens", type=int, default=256, help="quoting: outputs")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "spec")
