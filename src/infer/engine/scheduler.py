@@ -297,7 +297,7 @@ class Scheduler:
     def _host_proposals(self) -> bool:
         """Whether steps propose on the host (a draft model, or rows whose sampling reads
         their outputs) and the gate lets the running rows propose."""
-        if self.gate is None or not self.running:
+        if self.gate is None or not self.running or not self._may_speculate():
             return False
         if self._device_proposals and all(self._verifiable(r) for r in self.running):
             return False
@@ -339,7 +339,9 @@ class Scheduler:
         compute-bound: checking them costs more than even all of them accepted yield)."""
         spec, count = self.config.speculative_config, len(self.running)
         assert spec is not None
-        cost = self.costs.device(count) if self._device_proposals else HOST_PROPOSALS
+        cost = self.costs.device(count)  # None: too wide for a verify step
+        if cost is not None and not self._device_proposals:
+            cost = HOST_PROPOSALS
         return (
             cost is not None
             and cost < spec.num_speculative_tokens + 1

@@ -541,4 +541,17 @@ def test_batches_no_verify_graph_holds_do_not_verify() -> None:
     for name in "AB":
         scheduler.add_request(Request(name, REPEATING[:-1], 10, SamplingParams(), seed=0))
     _run(scheduler, scheduler.schedule())
-    assert scheduler.schedule().verify_queries == 0
+    out = scheduler.schedule()
+    assert out.verify_queries == 0 and not out.speculative
+
+
+def test_a_batch_too_wide_to_pay_costs_the_host_no_shadow_lookups() -> None:
+    scheduler = _verifying(_pool(200, block_size=4))
+    scheduler.costs = VerifyCosts({1: 1.02}, max_rows=1)
+    lookups: list[int] = []
+    scheduler.gate.shadow = lambda tokens, k: lookups.append(1) or []  # type: ignore[union-attr]
+    for name in "AB":
+        scheduler.add_request(Request(name, REPEATING[:-1], 10, SamplingParams(), seed=0))
+    for _ in range(20):
+        _run(scheduler, scheduler.schedule())
+    assert lookups == []
