@@ -312,7 +312,6 @@ class Scheduler:
         limits = [min(a, self._room_to_grow(c.request)) for c, a in zip(rows, allowed)]
         if not any(limits):
             return
-        out.speculative = True
         budget = self.token_budget - out.num_tokens
         for chunk, limit in zip(rows, limits):
             chunk.proposal_limit = max(limit, 0)
@@ -327,6 +326,7 @@ class Scheduler:
             chunk.num_tokens += len(proposals)
             self.pool.advance(seq_id, len(proposals))
             budget -= len(proposals)
+            out.speculative = True  # (a step without proposals is a plain one)
 
     @property
     def _device_proposals(self) -> bool:
@@ -606,14 +606,12 @@ class Scheduler:
                     )
                 elif count > 1:
                     kept = self._accept(chunk, result.token_ids[first : first + count])
-                elif chunk.proposal_limit and self.gate is not None:
-                    self.gate.record(request, 0)  # it could propose, and found nothing
                 accepted.append(self._record(request, result, first, kept, now))
             first += count
         if self.gate is not None and self._may_speculate():
             self.gate.observe(
                 [c.request for c in sampling if not c.proposal_limit and not c.request.is_finished]
-            )
+            )  # (a host proposer that found nothing: no cost, nothing learnt)
         ended = False
         for chunk in scheduled.chunks:
             request = chunk.request
