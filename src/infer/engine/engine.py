@@ -71,8 +71,9 @@ class Engine:
         if self.runner.verify is not None and self.draft is None:
             graphs, queries = self.runner.graphs, self.runner.verify.queries
             measured = None if graphs is None else graphs.verify_costs
-            costs = VerifyCosts(measured, max_rows=MAX_VERIFY_TOKENS // queries)
-            self.scheduler.use_device_proposals(queries, costs)
+            # On a GPU a wide batch is compute-bound; on the CPU (tests) any batch speculates.
+            widest = MAX_VERIFY_TOKENS // queries if self.device.type == "cuda" else None
+            self.scheduler.use_device_proposals(queries, VerifyCosts(measured, max_rows=widest))
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         self.pipeline = Pipeline(

@@ -420,13 +420,15 @@ class Scheduler:
 
     def _admits_now(self) -> bool:
         """Whether a waiting request could join the next step (which then is not a verify
-        step: its prompt runs beside the decoding rows)."""
-        return (
-            bool(self.waiting)
-            and len(self.running) < self.config.max_batch_size
-            and self._may_admit()
-            and next_admissible(self.waiting, []) is not None
-        )
+        step: its prompt runs beside the decoding rows), by the rules of ``_admit``."""
+        if not self.waiting or len(self.running) >= self.config.max_batch_size:
+            return False
+        request = next_admissible(self.waiting, []) if self._may_admit() else None
+        if request is None:
+            return False
+        free = self.pool.free_token_capacity()
+        reserve = 1.0 - self.config.admission_reserve
+        return free is None or request.num_tokens <= int(free * reserve) or not self.running
 
     def _room_to_grow(self, request: Request) -> int:
         """Tokens the request may still produce after its next one."""

@@ -519,6 +519,14 @@ def test_a_request_to_admit_makes_the_next_step_plain() -> None:
     assert out.verify_queries == 0 and [n for n, _ in _names(out)] == ["A", "B"]
 
 
+def test_a_request_the_pool_cannot_hold_yet_does_not_stop_the_verify_steps() -> None:
+    scheduler = _verifying(_pool(6, block_size=4))  # 24 tokens: A holds 11 and grows
+    _decoding(scheduler, REPEATING)
+    scheduler.add_request(_request("B", 12))
+    out = scheduler.schedule()
+    assert out.verify_queries == Q and _names(out) == [("A", Q)]
+
+
 def test_rows_whose_sampling_reads_their_outputs_propose_on_the_host() -> None:
     scheduler = _verifying(_pool(100, block_size=4))
     _decoding(scheduler, REPEATING, repetition_penalty=1.2)
