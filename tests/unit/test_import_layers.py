@@ -14,7 +14,7 @@ PACKAGE = Path(infer.__file__).parent
 
 # Lowest first; one set per layer.
 LAYERS: list[set[str]] = [
-    {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads"},
+    {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads", "routing"},
     {"tokenizer"},
     {"kernels"},
     {"attention"},
@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"engine"},
     {"bench", "kvsim", "dashboard"},
     {"server"},
+    {"router"},
     {"cli"},
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
@@ -70,3 +71,12 @@ def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.stdout.strip() == "False False", done.stderr
+
+
+def test_the_routing_policy_loads_neither_torch_nor_the_http_stack() -> None:
+    probe = (
+        "import sys; from infer.routing import CacheAwarePolicy; CacheAwarePolicy(); "
+        "print(sorted({'torch', 'fastapi', 'httpx'} & sys.modules.keys()))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "[]", done.stderr
