@@ -1,0 +1,70 @@
+"""Stand-in workers (``standin_worker.py``, each a process a test can kill) and the router
+in front of them (a real uvicorn in a thread)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from infer.router.app import create_router_app
+
+HEALTH_INTERVAL_S = 0.2
+_WORKER = Path(__file__).with_name("standin_worker.py")
+
+
+@contextmanager
+def standin_workers(*names: str) -> Iterator[dict[str, tuple[str, subprocess.Popen[str]]]]:
+    """``{name: (url, process)}`` of stand-in workers, started together."""
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, str(_WORKER), name], stdout=subprocess.PIPE, text=True
+        )
+        for name in names
+    }
+    try:
+        workers = {}
+        for name, process in processes.items():
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            assert line.startswith("READY "), f"stand-in worker {name} did not start"
+            workers[name] = (line.split()[1], process)
+        yield workers
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait(10)
+
+
+@contextmanager
+def running_router(workers: list[str], **options: Any) -> Iterator[str]:
+    """The URL of a router in front of ``workers``, serving until the context ends."""
+    app = create_router_app(workers, health_interval=HEALTH_INTERVAL_S, **options)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the router did not start"
+        time.sleep(0.01)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def three_workers() -> Iterator[dict[str, str]]:
+    with standin_workers("a", "b", "c") as workers:
+        yield {name: url for name, (url, _) in workers.items()}
