@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import uvicorn
 
 from infer.router.app import create_router_app
+from infer.server.launch import serve_in_thread
 
 HEALTH_INTERVAL_S = 0.2
 _WORKER = Path(__file__).with_name("standin_worker.py")
@@ -49,19 +48,8 @@ def running_router(workers: list[str], **options: Any) -> Iterator[str]:
     """The URL of a router in front of ``workers``, serving until the context ends."""
     app = create_router_app(workers, health_interval=HEALTH_INTERVAL_S, **options)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the router did not start"
-        time.sleep(0.01)
-    host, port = server.servers[0].sockets[0].getsockname()[:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(uvicorn.Server(config), startup_timeout=30) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
