@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -83,7 +83,7 @@ def create_router_app(
         query = raw.url.query
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw.headers.raw]
         request = Forward(raw.method, f"{path}?{query}" if query else path, headers, body)
-        return await forward(pool, request, key)
+        return await _unless_client_leaves(raw, forward(pool, request, key))
 
     for path in _GENERATION:
         app.add_api_route(path, proxy, methods=["POST"])
@@ -132,6 +132,28 @@ def create_router_app(
         return JSONResponse({"removed": name})
 
     return app
+
+
+async def _unless_client_leaves(raw: Request, answer: Awaitable[Response]) -> Response:
+    """``answer``, unless the client goes away before the worker has begun to answer (a
+    request that is not streamed: all the while it is generated); then the worker's
+    connection is closed, which aborts the request there, and the answer is an empty 499."""
+    answering = asyncio.ensure_future(answer)
+    leaving = asyncio.ensure_future(_client_left(raw))
+    try:
+        await asyncio.wait({answering, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        if not answering.done():
+            answering.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        return await answering
+    return Response(status_code=499)  # nginx's "client closed request", for the log
+
+
+async def _client_left(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _report(pool: WorkerPool, url: str) -> dict[str, Any]:

@@ -67,8 +67,11 @@ def create_app(name: str) -> FastAPI:
         kind = raw.url.path.rsplit("/", 1)[-1]
         if not body.get("stream"):
             state["running"] += 1
-            try:
-                await asyncio.sleep(delay * tokens)
+            try:  # as infer serve does, a client that leaves aborts its request
+                await asyncio.wait_for(_client_left(raw), timeout=delay * tokens)
+                return Response(status_code=499)
+            except TimeoutError:
+                pass
             finally:
                 state["running"] -= 1
             answer = {"object": kind, "worker": name, "text": " tok" * tokens}
@@ -98,6 +101,11 @@ async def _events(
         yield "data: [DONE]\n\n"
     finally:
         state["running"] -= 1
+
+
+async def _client_left(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _error(status: int, message: str) -> JSONResponse:

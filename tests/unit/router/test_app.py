@@ -147,6 +147,20 @@ def test_streamed_events_reach_the_client_as_they_come(three_workers: dict[str, 
     assert rest.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_client_that_leaves_frees_its_worker(three_workers: dict[str, str]) -> None:
+    a = three_workers["a"]
+    long = {"model": "standin", "prompt": "x", "max_tokens": 50, "standin_delay_s": 0.1}
+    idle = lambda: httpx.get(f"{a}/metrics").text.count("infer_num_requests_running 0") == 1
+    with running_router([a]) as router:
+        with pytest.raises(httpx.ReadTimeout):
+            CLIENT.post(f"{router}/v1/completions", json=long, timeout=0.5)
+        _wait_for(idle, within=2)
+        with CLIENT.stream("POST", f"{router}/v1/completions", json={**long, "stream": True}) as s:
+            next(s.iter_raw())
+        _wait_for(idle, within=2)
+        assert _samples(router, "infer_router_requests_in_flight") == {a: 0}
+
+
 def test_health_metrics_and_no_healthy_worker(three_workers: dict[str, str]) -> None:
     with running_router([three_workers["a"]]) as router:
         assert CLIENT.get(f"{router}/health").json() == {"status": "ok", "healthy_workers": 1}
