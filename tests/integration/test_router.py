@@ -16,6 +16,9 @@ from infer.server import build_server, serve_in_thread
 from infer.server.launch import ServerProcess, spawn_server
 
 MODEL = "smollm2-135m"
+# A second SmolLM2 server and the router's process: about 50 s of CPU, more than make
+# test's budget allows (its stand-in tests, tests/unit/router/, run there).
+pytestmark = pytest.mark.stress
 
 
 @pytest.fixture(scope="module")
