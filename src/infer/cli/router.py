@@ -4,6 +4,7 @@ sent where its prompt's prefix is cached, balanced against load."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from infer.routing import DEFAULT_ROUTING
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from infer.router.app import create_router_app
     from infer.routing import RoutingSettings
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per forwarded request
     if not 0 <= args.port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -27,6 +28,8 @@ from infer.server.auth import APIKeyMiddleware
 from infer.server.body_limit import BodyLimit, too_large
 from infer.server.errors import APIError, BodyTooLargeError, install_error_handlers
 from infer.server.request_limits import DEFAULT_LIMITS
+
+logger = logging.getLogger(__name__)
 
 _GENERATION = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 _LARGE_BODY = 1 << 16  # bytes; a larger body is parsed off the event loop
@@ -54,6 +57,9 @@ def create_router_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.probe_all()
+        for report in pool.reports():
+            if not report.healthy:
+                logger.warning("worker %s is not healthy; it joins once a probe passes", report.url)
         poller = asyncio.create_task(pool.poll_forever())
         try:
             yield

@@ -149,7 +149,10 @@ class WorkerPool:
         """Probe every worker every ``health_interval`` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self.health_interval)
-            await self.probe_all()
+            try:
+                await self.probe_all()
+            except Exception:  # a poller that died would never let a worker rejoin
+                logger.exception("probing the workers failed; trying again")
 
     async def _read_load(self, url: str) -> None:
         with contextlib.suppress(httpx.HTTPError, ValueError):
