@@ -158,10 +158,10 @@ async def _relay(
         pool.failed(url, unreachable=not isinstance(exc, httpx.TimeoutException))
         logger.warning("worker %s failed a streamed request: %r", url, exc)
         if events:
-            yield _error_events(path, worker_failed(url))
+            yield error_events(path, worker_failed(url))
 
 
-def _error_events(path: str, error: APIError) -> bytes:
+def error_events(path: str, error: APIError) -> bytes:
     """The end of a stream that failed: what ``infer serve`` sends in its place."""
     if path.startswith("/v1/responses"):
         info = error.info
