@@ -1,4 +1,4 @@
-"""The ``infer`` command: ``generate``, ``serve``, ``bench``, ``kvsim``."""
+"""The ``infer`` command: ``generate``, ``serve``, ``router``, ``bench``, ``kvsim``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ("generate", "serve", "bench", "kvsim")
+COMMANDS = ("generate", "serve", "router", "bench", "kvsim")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,8 @@
 A plain ASGI middleware, so the key is checked before the body is even parsed (a request
 without the key gets 401 whatever its body). ``/health`` and ``/metrics`` stay open for
 probes and scrapers, as in vLLM. The dashboard needs the key too; a browser opening it
-cannot send a header, so there the key may also come as ``?api_key=<key>``.
+cannot send a header, so there the key may also come as ``?api_key=<key>``. ``also_guard``:
+more path prefixes that need the key (the router's ``/workers``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from infer.server.errors import APIError
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, also_guard: tuple[str, ...] = ()) -> None:
         self.app = app
         self._key = api_key.encode()
+        self._also_guard = also_guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
         dashboard = path == "/dashboard" or path.startswith("/dashboard/")
-        if path.startswith("/v1/") or dashboard:
+        if path.startswith("/v1/") or dashboard or path.startswith(self._also_guard):
             authorization = Headers(scope=scope).get("authorization")
             if authorization is None and dashboard:
                 key = QueryParams(scope["query_string"]).get("api_key")

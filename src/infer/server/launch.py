@@ -381,10 +381,13 @@ class ServerProcess:
 
 
 @contextmanager
-def spawn_server(args: Sequence[str], startup_timeout: float = 600.0) -> Iterator[ServerProcess]:
-    """``python -m infer.cli serve ARGS --port 0`` (tests, benchmarks); on exit, if it is still
-    running, it gets SIGTERM (a graceful shutdown), then SIGKILL if that takes too long."""
-    command = [sys.executable, "-m", "infer.cli", "serve", *args, "--port", "0"]
+def spawn_server(
+    args: Sequence[str], startup_timeout: float = 600.0, subcommand: str = "serve"
+) -> Iterator[ServerProcess]:
+    """``python -m infer.cli serve ARGS --port 0`` (tests, benchmarks; ``subcommand``:
+    another server, ``router``); on exit, if it is still running, it gets SIGTERM (a
+    graceful shutdown), then SIGKILL if that takes too long."""
+    command = [sys.executable, "-m", "infer.cli", subcommand, *args, "--port", "0"]
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
