@@ -6,6 +6,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+import torch
+
+from infer.config import EngineConfig
+from infer.distributed.layout import node_ranks
+from infer.engine.tp_worker import check_devices
+
 WATCHED = "from infer.engine.tp_worker import _exit_with_parent\n_exit_with_parent()\n"
 
 
@@ -33,3 +40,16 @@ def test_a_worker_exits_when_rank_0_closes_its_stdin() -> None:
     worker.stdin.close()
     assert worker.wait(timeout=30) == 0
     assert time.monotonic() - closed < 30
+
+
+def test_more_ranks_on_a_node_than_visible_gpus_names_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = EngineConfig(device="cpu", tensor_parallel_size=8, nnodes=2, node_rank=1)
+    config.device = "cuda"  # as on a GPU node (validated on this CPU-only machine as "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^tensor_parallel_size: .*ranks 4-7 of 8 .*2 are"):
+        check_devices(config, node_ranks(config))
+    fits = EngineConfig(device="cpu", tensor_parallel_size=8, nnodes=4, node_rank=1)
+    fits.device = "cuda"
+    check_devices(fits, node_ranks(fits))  # two ranks a node: cuda:0 and cuda:1
