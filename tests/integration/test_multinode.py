@@ -11,11 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from infer import LLM, SamplingParams
 from infer.cli import main
@@ -31,8 +32,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Node 0's rank here, like the other "nodes", on one core of this machine's few: each
+    would take them all, as on a node of its own, and wait on the others in every step."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def start_node(model: str, tp: int, node_rank: int, port: int) -> subprocess.Popen[str]:
-    """``infer serve`` for node ``node_rank`` of ``tp`` nodes (one rank each)."""
+    """``infer serve`` for node ``node_rank`` of ``tp`` nodes (one rank each, one thread)."""
     args = ["--model", model, "-tp", str(tp), "--nnodes", str(tp), "--node-rank",
             str(node_rank), "--master-port", str(port), "--dist-timeout", "300", *CPU]  # fmt: skip
     return subprocess.Popen(
@@ -40,6 +51,7 @@ def start_node(model: str, tp: int, node_rank: int, port: int) -> subprocess.Pop
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
 
 
@@ -53,7 +65,9 @@ def ended(node: subprocess.Popen[str]) -> tuple[int, str]:
     return node.returncode, log
 
 
-def test_three_nodes_give_one_ranks_tokens_and_exit_with_node_0(smollm2_llm: LLM) -> None:
+def test_three_nodes_give_one_ranks_tokens_and_exit_with_node_0(
+    smollm2_llm: LLM, one_thread: None
+) -> None:
     prompts = ["The capital of France is", "def fibonacci(n):"]
     single = [r.outputs[0] for r in smollm2_llm.generate(prompts, GREEDY, use_tqdm=False)]
     port = free_port()

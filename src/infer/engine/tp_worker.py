@@ -58,6 +58,7 @@ class Workers:
     def __init__(self, processes: dict[int, subprocess.Popen[bytes]]) -> None:
         self.processes = processes
         self.group: ParallelGroup | None = None
+        self.threads_before: int | None = None  # rank 0's CPU threads, restored at ``stop``
         self._stopping = False
         self._watcher: threading.Thread | None = None
         atexit.register(self.stop)
@@ -121,6 +122,9 @@ class Workers:
                 process.wait()
         if self._watcher is not None:
             self._watcher.join()  # woken by the workers' exits
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
         self.processes = {}
         atexit.unregister(self.stop)
 
@@ -137,6 +141,9 @@ def start_workers(config: EngineConfig) -> tuple[Workers, ParallelGroup]:
     check_devices(config, ranks)
     rendezvous = rendezvous_for(config)
     workers = spawn_workers(ranks, rendezvous)
+    if config.resolved_device.type == "cpu":
+        workers.threads_before = torch.get_num_threads()
+        share_cpu(rendezvous.ranks_per_node)
     if config.nnodes > 1 or ranks.launched:
         logger.info(
             "rank 0: waiting up to %g s at %s for ranks 1-%d to join",
@@ -168,6 +175,14 @@ def spawn_workers(ranks: NodeRanks, rendezvous: Rendezvous) -> Workers:
         for rank in ranks.spawned
     }
     return Workers(processes)
+
+
+def share_cpu(ranks_on_node: int) -> None:
+    """Give this CPU rank its share of the node's cores: ranks that each run a thread per
+    core spin against one another and wait on the slowest in every collective. Unless
+    ``OMP_NUM_THREADS`` chose already (torchrun sets it)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ranks_on_node))
 
 
 def check_devices(config: EngineConfig, ranks: NodeRanks) -> None:
@@ -238,6 +253,8 @@ def run_rank(
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    else:
+        share_cpu(rendezvous.ranks_per_node)
     open_compute(group, device)
     source = resolve_model(config.model)
     model_config = ModelConfig.from_hf_dict(source.hf_config)
