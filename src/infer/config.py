@@ -283,6 +283,12 @@ class EngineConfig:
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
+    # The ranks over several nodes (torchrun's convention, ``distributed/layout.py``).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # one node: a free port; several: torchrun's default
+    dist_timeout: float = 120.0
     quantization: str | None = None  # fp8: weights quantised at load (FP8 checkpoints: as is)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8: e4m3, a scale per tensor
     # A dict or its JSON text is parsed at construction (the CLI's and ``LLM``'s shapes).
@@ -424,6 +430,7 @@ class EngineConfig:
             "tensor_parallel_size",
             f"must be >= 1, got {self.tensor_parallel_size}",
         )
+        self._validate_nodes()
         static = self.batching_mode == "static"
         _check(
             not (static and self.kv_cache_backend == "paged"),
@@ -464,6 +471,28 @@ class EngineConfig:
                 "tensor_parallel_size",
                 "ranks use cuda:0, cuda:1, ...; leave device as 'cuda'",
             )
+
+    def _validate_nodes(self) -> None:
+        _check(self.nnodes >= 1, "nnodes", f"must be >= 1, got {self.nnodes}")
+        _check(
+            self.tensor_parallel_size % self.nnodes == 0,
+            "nnodes",
+            f"{self.nnodes} nodes cannot share tensor_parallel_size {self.tensor_parallel_size} "
+            "evenly (each node runs tensor_parallel_size / nnodes ranks)",
+        )
+        _check(
+            0 <= self.node_rank < self.nnodes,
+            "node_rank",
+            f"must be in [0, nnodes - 1] = [0, {self.nnodes - 1}], got {self.node_rank}",
+        )
+        _check(
+            self.master_port is None or 0 < self.master_port < 65536,
+            "master_port",
+            f"must be in [1, 65535], got {self.master_port}",
+        )
+        _check(
+            self.dist_timeout > 0, "dist_timeout", f"must be > 0 seconds, got {self.dist_timeout}"
+        )
 
     # Resolved values (the machine's choices for the ``None`` fields).
     @property

@@ -288,7 +288,13 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"dtype": "float64"}, "dtype"),
     ({"device": "tpu"}, "device"),
     ({"device": "cudafoo"}, "device"),
+    ({"nnodes": 0}, "nnodes"),
+    ({"master_port": 70000}, "master_port"),
+    ({"dist_timeout": 0}, "dist_timeout"),
     # Combinations.
+    ({"tensor_parallel_size": 4, "nnodes": 3}, "nnodes"),  # 4 ranks do not split over 3
+    ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 2}, "node_rank"),
+    ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": -1}, "node_rank"),
     ({**STATIC, "kv_cache_backend": "paged"}, "kv_cache_backend"),
     ({**STATIC, "use_chunked_prefill": True}, "use_chunked_prefill"),
     ({"kv_cache_backend": "contiguous", "use_prefix_caching": True}, "use_prefix_caching"),

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"infer {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.distributed.layout import node_ranks
 from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
@@ -155,6 +156,10 @@ def _serve(args: argparse.Namespace) -> int:
     from infer.server.reasoning import reasoning_parser
 
     config = engine_config_from_args(args)
+    if not node_ranks(config).runs_engine:  # another node's ranks: no API here
+        from infer.engine.tp_node import serve_node
+
+        return serve_node(config)
     server = build_server(
         config,
         host=args.host,
