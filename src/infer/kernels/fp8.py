@@ -10,6 +10,8 @@ from torch import Tensor
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
+# An all-zero row gets this scale instead of 0, so quantising it divides by something.
+MIN_SCALE = 1e-12
 
 
 def to_fp8(x: Tensor, scale: float | Tensor) -> Tensor:
