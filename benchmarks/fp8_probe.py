@@ -18,6 +18,7 @@ and the replay's kernels by kind (``benchmarks/profile_decode_step.py``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -31,7 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from infer.kernels.fp8_linear_triton import W8A16Tile, quantize_rows_triton, w8a16_linear_triton
+from infer.kernels.fp8_linear_triton import (
+    W8A16Tile,
+    quantize_rows_triton,
+    w8a16_linear_triton,
+    w8a16_tile,
+)
 from infer.models.fp8 import dequantize_rows, quantize_rows
 
 SHAPES = {"qkv": (3072, 5120), "o": (3072, 3072), "gate_up": (3072, 16384), "down": (8192, 3072)}
@@ -66,6 +72,54 @@ def tiles_for(m: int) -> list[W8A16Tile]:
     return gemv + dots
 
 
+def explore_tiles_for(m: int) -> list[W8A16Tile]:
+    """Probe 2: more W8A16 tiles at few rows (bytes in flight, programs, K folded at each
+    step, swapped dots, split K)."""
+    dots = [
+        W8A16Tile(16, 32, 256, 4, 4),
+        W8A16Tile(16, 16, 256, 4, 4),
+        W8A16Tile(16, 16, 512, 4, 3),
+        W8A16Tile(16, 32, 512, 4, 3),
+        W8A16Tile(16, 32, 128, 4, 6),
+        W8A16Tile(16, 16, 128, 4, 8),
+        W8A16Tile(16, 64, 128, 4, 4, swap_ab=True),
+        W8A16Tile(16, 64, 256, 4, 3, swap_ab=True),
+        W8A16Tile(16, 32, 256, 4, 4, swap_ab=True),
+        W8A16Tile(16, 32, 256, 4, 4, split_k=2),
+    ]
+    if m > 1:
+        return dots
+    sums = [
+        W8A16Tile(1, 4, 512, 4),
+        W8A16Tile(1, 8, 256, 4),
+        W8A16Tile(1, 4, 1024, 4),
+        W8A16Tile(1, 8, 512, 4),
+        W8A16Tile(1, 8, 1024, 4),
+        W8A16Tile(1, 16, 512, 4),
+        W8A16Tile(1, 2, 1024, 2),
+        W8A16Tile(1, 4, 512, 2),
+    ]
+    folded = [
+        W8A16Tile(1, 8, 512, 4, reduce_each=True),
+        W8A16Tile(1, 8, 1024, 4, reduce_each=True),
+        W8A16Tile(1, 16, 1024, 8, reduce_each=True),
+        W8A16Tile(1, 4, 1024, 4, reduce_each=True),
+        W8A16Tile(1, 16, 512, 4, reduce_each=True),
+    ]
+    return sums + folded + dots
+
+
+TILES: dict[str, W8A16Tile] = {}  # every tile timed, by its method's name
+
+
+def tile_name(tile: W8A16Tile) -> str:
+    fields = [tile.block_m, tile.block_n, tile.block_k, tile.num_warps, tile.num_stages]
+    name = "w8a16 " + ",".join(str(v) for v in [*fields, tile.split_k])
+    name += (",R" if tile.reduce_each else "") + (",S" if tile.swap_ab else "")
+    TILES[name] = tile
+    return name
+
+
 def eager_quant_scaled_mm(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """The FP8 linear before issue 49: eager per-token quantisation, then ``_scaled_mm``."""
     x_q, x_s = quantize_rows(x)
@@ -88,6 +142,14 @@ def scaled_mm(
 Method = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
 
 
+def tile_methods(x: torch.Tensor, quick: bool) -> dict[str, Method]:
+    """Probe 2: bf16 and the W8A16 tiles of ``explore_tiles_for``."""
+    methods: dict[str, Method] = {"bf16": lambda x, w, q, s: F.linear(x, w)}
+    for tile in explore_tiles_for(x.shape[0]):
+        methods[tile_name(tile)] = lambda x, w, q, s, tile=tile: w8a16_linear_triton(x, q, s, tile)
+    return methods
+
+
 def linear_methods(x: torch.Tensor, quick: bool) -> dict[str, Method]:
     """What to time at ``x``'s row count: each takes ``(x, bf16 weight, FP8 weight, scales)``."""
     methods: dict[str, Method] = {
@@ -100,10 +162,7 @@ def linear_methods(x: torch.Tensor, quick: bool) -> dict[str, Method]:
         methods["scaled_mm+fused_quant"] = lambda x, w, q, s: fused_quant_scaled_mm(x, q, s)
         methods["scaled_mm_only"] = lambda x, w, q, s: scaled_mm(x_q, x_s, q, s)
     for tile in tiles_for(x.shape[0]):
-        fields = (tile.block_m, tile.block_n, tile.block_k, tile.num_warps, tile.num_stages,
-                  tile.split_k)  # fmt: skip
-        name = "w8a16 " + ",".join(str(v) for v in fields)
-        methods[name] = lambda x, w, q, s, tile=tile: w8a16_linear_triton(x, q, s, tile)
+        methods[tile_name(tile)] = lambda x, w, q, s, tile=tile: w8a16_linear_triton(x, q, s, tile)
     return methods
 
 
@@ -137,10 +196,18 @@ def time_graph(calls: list[Callable[[], object]], repeats: int, quick: bool) -> 
     return start.elapsed_time(end) * 1e3 / (repeats * len(calls))
 
 
-def probe_linear(out: Path, quick: bool, budget_s: float) -> None:
+def probe_linear(
+    out: Path,
+    quick: bool,
+    budget_s: float,
+    rows: list[int],
+    methods_for: Callable[[torch.Tensor, bool], dict[str, Method]],
+    label: str,
+) -> list[dict[str, Any]]:
+    """Times ``methods_for(x)`` at each shape and row count; writes ``{label}.json/.md``."""
     device = torch.device("cpu" if quick else "cuda")
     shapes = {"tiny": (1024, 64)} if quick else SHAPES
-    rows = [1, 2, 4, 8, 16, 32] if quick else ROWS
+    rows = [m for m in rows if m <= 32] if quick else rows
     records: list[dict[str, Any]] = []
     started = time.monotonic()
     for index, (shape_name, (k, n)) in enumerate(shapes.items()):
@@ -160,12 +227,13 @@ def probe_linear(out: Path, quick: bool, budget_s: float) -> None:
             x = torch.randn(m, k, generator=gen, device=device, dtype=torch.bfloat16)
             # Every method of this M over the same inputs; fewer repeats for big M.
             repeats = 3 if quick else max(3, min(50, 20000 // m))
-            methods = linear_methods(x, quick)
+            methods = methods_for(x, quick)
             reference = x.float() @ dequantize_rows(weights[0][1], weights[0][2]).T
             for name, method in methods.items():
                 record = {"shape": shape_name, "k": k, "n": n, "m": m, "method": name}
                 try:
-                    if name.startswith("w8a16"):
+                    if name in TILES:
+                        record["tile"] = dataclasses.asdict(TILES[name])
                         got = method(x, *weights[0]).float()  # type: ignore[union-attr]
                         err = (got - reference).abs().max() / reference.abs().max()
                         record["max_rel_err"] = float(err)
@@ -181,9 +249,64 @@ def probe_linear(out: Path, quick: bool, budget_s: float) -> None:
                 if r["shape"] == shape_name and r["m"] == m
             )
             print(f"  M={m}: {line}", flush=True)
-            (out / "linear.json").write_text(json.dumps(records, indent=1) + "\n")
+            (out / f"{label}.json").write_text(json.dumps(records, indent=1) + "\n")
     print(best_table(records), flush=True)
-    (out / "linear.md").write_text(best_table(records) + "\n")
+    (out / f"{label}.md").write_text(best_table(records) + "\n")
+    return records
+
+
+def best_tiles(records: list[dict[str, Any]], m: int) -> dict[str, W8A16Tile]:
+    """The fastest W8A16 tile of each shape at ``m`` rows."""
+    best: dict[str, tuple[float, W8A16Tile]] = {}
+    for r in records:
+        faster = r["shape"] not in best or r.get("us", 0) < best[r["shape"]][0]
+        if r["m"] == m and "us" in r and "tile" in r and faster:
+            best[r["shape"]] = (r["us"], W8A16Tile(**r["tile"]))
+    return {shape: tile for shape, (_, tile) in best.items()}
+
+
+def probe_chain(out: Path, tiles: dict[str, W8A16Tile], m: int, quick: bool) -> None:
+    """A step's projections at ``m`` rows, as a decode step runs them: 28 layers' own
+    weights, qkv → o → gate_up → down, in one CUDA graph: bf16 against W8A16 at the best
+    tile of each shape and at ``w8a16_tile``'s choice."""
+    device = torch.device("cpu" if quick else "cuda")
+    layers = 2 if quick else 28
+    shapes = {"tiny": (1024, 64)} if quick else SHAPES
+    gen = torch.Generator(device=device).manual_seed(1)
+    weights = []
+    for _ in range(layers):
+        for name, (k, n) in shapes.items():
+            w = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
+            weights.append((name, w, *quantize_rows(w)))
+    inputs = {
+        k: torch.randn(m, k, generator=gen, device=device, dtype=torch.bfloat16)
+        for k, _ in shapes.values()
+    }
+    chains: dict[str, list[Callable[[], object]]] = {
+        "bf16": [functools.partial(F.linear, inputs[w.shape[1]], w) for _, w, _, _ in weights],
+        "w8a16 default": [
+            functools.partial(
+                w8a16_linear_triton, inputs[q.shape[1]], q, s, w8a16_tile(m, *q.shape)
+            )
+            for _, _, q, s in weights
+        ],
+    }
+    if tiles:
+        chains["w8a16 best"] = [
+            functools.partial(w8a16_linear_triton, inputs[q.shape[1]], q, s, tiles[name])
+            for name, _, q, s in weights
+            if name in tiles
+        ]
+    record: dict[str, Any] = {"m": m, "layers": layers, "best_tiles": {
+        name: dataclasses.asdict(tile) for name, tile in tiles.items()}}  # fmt: skip
+    for name, calls in chains.items():
+        try:
+            record[name + " us"] = time_graph(calls, 20, quick) * len(calls)
+        except Exception as error:
+            record[name + " error"] = f"{type(error).__name__}: {error}"[:400]
+            traceback.print_exc()
+    print(f"chain at M={m}: {record}", flush=True)
+    (out / f"chain-m{m}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def best_table(records: list[dict[str, Any]]) -> str:
@@ -212,7 +335,10 @@ def best_table(records: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--parts", default="linear,profile")
+    parser.add_argument("--parts", default="linear,profile", help="linear,tiles,chain,profile")
+    parser.add_argument(
+        "--profiles", default="bf16,fp8", help="of bf16, fp8 (weights), fp8kv (weights and KV)"
+    )
     parser.add_argument("--quick", action="store_true", help="CPU smoke run")
     parser.add_argument("--budget-s", type=float, default=100.0, help="the linear part's bound")
     args = parser.parse_args()
@@ -220,14 +346,34 @@ def main() -> None:
     parts = args.parts.split(",")
     if "linear" in parts:
         try:
-            probe_linear(args.out, args.quick, args.budget_s)
+            probe_linear(args.out, args.quick, args.budget_s, ROWS, linear_methods, "linear")
         except Exception:
             traceback.print_exc()
+    records: list[dict[str, Any]] = []
+    if "tiles" in parts:
+        try:
+            records = probe_linear(
+                args.out, args.quick, args.budget_s, [1, 2, 4, 8, 16], tile_methods, "tiles"
+            )
+        except Exception:
+            traceback.print_exc()
+    if "chain" in parts:
+        for m in (1, 8):
+            try:
+                probe_chain(args.out, best_tiles(records, m), m, args.quick)
+            except Exception:
+                traceback.print_exc()
     if "profile" in parts and not args.quick:
         sys.path.insert(0, str(Path(__file__).parent))
         from profile_decode_step import profile_decode_step
 
-        for label, options in (("bf16", {}), ("fp8", {"quantization": "fp8"})):
+        profiles: dict[str, dict[str, Any]] = {
+            "bf16": {},
+            "fp8": {"quantization": "fp8"},
+            "fp8kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+        }
+        for label in args.profiles.split(","):
+            options = profiles[label]
             try:
                 profile_decode_step(args.out / f"profile-{label}", label, options)
             except Exception:

@@ -20,12 +20,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from infer import LLM, SamplingParams
 
+# First match wins: the W8A16 kernel and cuBLAS(Lt) before the eager quantisation's ops.
 KINDS = (
-    ("attention", ("_decode_kernel", "_prefill_kernel", "_combine_kernel")),
-    ("fp8 quantisation", ("quantize_rows", "amax", "reduce_kernel", "clamp", "div_", "copy_")),
     ("w8a16 (Triton)", ("_w8a16",)),
-    ("gemm", ("gemm", "gemv", "cutlass", "sm90", "xmma", "ampere", "splitk", "scaled_mm", "nvjet")),
-    ("norm/rope/act/kv", ("rms", "rope", "silu", "gelu", "kv_write", "_norm")),
+    ("gemm", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitkreduce", "scaled_mm")),
+    ("attention", ("_decode_kernel", "_prefill_kernel", "_combine_kernel")),
+    (
+        "fp8 quantisation",
+        ("_quantize_rows", "float8_copy", "absfunctor", "reduceop<float", "bunaryfunctor", "clamp"),
+    ),
+    ("norm/rope/act/kv", ("rms", "rope", "silu", "gelu", "kv_write", "_norm", "_gated_act")),
     ("sampling", ("sampl", "argmax", "topk", "softmax")),
 )
 

@@ -30,7 +30,9 @@ class W8A16Tile:
     ``[block_m, block_n, block_k]`` product), 16 or more go through ``tl.dot`` (tensor
     cores). ``block_n`` output features and ``block_k`` input features per step;
     ``split_k`` programs share one output tile's K (their sums meet by atomic adds into a
-    float32 buffer, so a split launch also zeroes and casts it).
+    float32 buffer, so a split launch also zeroes and casts it). ``reduce_each``: the
+    CUDA-core sum folds K at every step (fewer registers) rather than once at the end.
+    ``swap_ab``: the dot computes ``w @ x.T`` (output features as the MMA's rows).
     """
 
     block_m: int
@@ -39,6 +41,8 @@ class W8A16Tile:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    reduce_each: bool = False
+    swap_ab: bool = False
 
 
 def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
@@ -65,6 +69,7 @@ def _w8a16_kernel(
     X, W, Scale, Out, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_DOT: tl.constexpr,
+    REDUCE_EACH: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     # The row tile varies fastest, so the programs that share a weight tile run together
     # and all but the first find it in L2.
@@ -80,7 +85,9 @@ def _w8a16_kernel(
     k_lo = pid_k * k_len
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    if USE_DOT:
+    if SWAP_AB:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif USE_DOT or REDUCE_EACH:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -95,11 +102,17 @@ def _w8a16_kernel(
             k_ok = (k0 + offs_k) < k_len
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_DOT:
+        if SWAP_AB:
+            acc_t += tl.dot(w.to(x.dtype), tl.trans(x))
+        elif USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        elif REDUCE_EACH:
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
         else:
             acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if not USE_DOT:
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
+    elif not USE_DOT and not REDUCE_EACH:
         acc = tl.sum(acc3, 2)
     scale = tl.load(Scale + offs_n, mask=n_ok, other=0.0)
     acc = acc * scale[None, :]
@@ -149,7 +162,8 @@ def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=use_dot, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        USE_DOT=use_dot, REDUCE_EACH=tile.reduce_each, SWAP_AB=tile.swap_ab,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     return out if tile.split_k == 1 else out.to(x.dtype)
 

@@ -23,6 +23,8 @@ TILES = [
     pytest.param(W8A16Tile(16, 16, 32), torch.float16, id="dot-16-rows-fp16"),
     pytest.param(W8A16Tile(16, 32, 32), torch.float32, id="dot-16-rows-fp32"),
     pytest.param(W8A16Tile(1, 16, 32, split_k=2), torch.float32, id="split-k"),
+    pytest.param(W8A16Tile(2, 8, 64, reduce_each=True), torch.float32, id="sum-folded-each-step"),
+    pytest.param(W8A16Tile(16, 32, 32, swap_ab=True), torch.float16, id="dot-swapped"),
 ]
 
 
