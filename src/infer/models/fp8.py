@@ -53,14 +53,15 @@ def dequantize_rows(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32
 
 
 def fp8_linear(
-    x: Tensor, weight: Tensor, weight_scale: Tensor, *, w8a16_max_rows: int = W8A16_MAX_ROWS
+    x: Tensor, weight: Tensor, weight_scale: Tensor, *, w8a16_max_rows: int | None = None
 ) -> Tensor:
     """``x @ weight.T`` in ``x``'s dtype, for ``x [..., K]`` and ``weight [N, K]`` FP8 with
-    float32 row scales ``[N]``: W8A16 up to ``w8a16_max_rows`` rows, W8A8 (activations
-    quantised per token) above."""
+    float32 row scales ``[N]``: W8A16 up to ``w8a16_max_rows`` rows (default
+    ``W8A16_MAX_ROWS``), W8A8 (activations quantised per token) above."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
-    few = rows.shape[0] <= w8a16_max_rows
+    limit = W8A16_MAX_ROWS if w8a16_max_rows is None else w8a16_max_rows
+    few = rows.shape[0] <= limit
     if use_triton(x):
         from infer.kernels.fp8_linear_triton import (
             quantize_rows_triton,
