@@ -73,8 +73,8 @@ def tiles_for(m: int) -> list[W8A16Tile]:
 
 
 def explore_tiles_for(m: int) -> list[W8A16Tile]:
-    """Probe 2: more W8A16 tiles at few rows (bytes in flight, programs, K folded at each
-    step, swapped dots, split K)."""
+    """More W8A16 tiles at few rows: bytes in flight a step, programs, pipeline stages,
+    split K."""
     dots = [
         W8A16Tile(16, 32, 256, 4, 4),
         W8A16Tile(16, 16, 256, 4, 4),
@@ -82,9 +82,6 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         W8A16Tile(16, 32, 512, 4, 3),
         W8A16Tile(16, 32, 128, 4, 6),
         W8A16Tile(16, 16, 128, 4, 8),
-        W8A16Tile(16, 64, 128, 4, 4, swap_ab=True),
-        W8A16Tile(16, 64, 256, 4, 3, swap_ab=True),
-        W8A16Tile(16, 32, 256, 4, 4, swap_ab=True),
         W8A16Tile(16, 32, 256, 4, 4, split_k=2),
     ]
     if m > 1:
@@ -99,14 +96,7 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         W8A16Tile(1, 2, 1024, 2),
         W8A16Tile(1, 4, 512, 2),
     ]
-    folded = [
-        W8A16Tile(1, 8, 512, 4, reduce_each=True),
-        W8A16Tile(1, 8, 1024, 4, reduce_each=True),
-        W8A16Tile(1, 16, 1024, 8, reduce_each=True),
-        W8A16Tile(1, 4, 1024, 4, reduce_each=True),
-        W8A16Tile(1, 16, 512, 4, reduce_each=True),
-    ]
-    return sums + folded + dots
+    return sums + dots
 
 
 TILES: dict[str, W8A16Tile] = {}  # every tile timed, by its method's name
@@ -115,7 +105,6 @@ TILES: dict[str, W8A16Tile] = {}  # every tile timed, by its method's name
 def tile_name(tile: W8A16Tile) -> str:
     fields = [tile.block_m, tile.block_n, tile.block_k, tile.num_warps, tile.num_stages]
     name = "w8a16 " + ",".join(str(v) for v in [*fields, tile.split_k])
-    name += (",R" if tile.reduce_each else "") + (",S" if tile.swap_ab else "")
     TILES[name] = tile
     return name
 

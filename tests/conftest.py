@@ -124,6 +124,14 @@ TINY_CONFIGS["qwen3_yarn"] = {
     },
 }
 FAMILIES = ("llama", "qwen3", "gemma3")
+# A ``device`` parameter that runs on a CUDA GPU only (marked ``gpu``, skipped without one).
+CUDA_PARAM = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
 # Texts that tokenizers get wrong most often: accents, CJK, emoji sequences, whitespace runs.
 MIXED_SCRIPT_TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

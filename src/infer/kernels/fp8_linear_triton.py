@@ -26,13 +26,11 @@ from infer.kernels.fp8 import FP8, FP8_MAX, MIN_SCALE
 class W8A16Tile:
     """Launch shape of ``w8a16_linear_triton``.
 
-    ``block_m`` rows of ``x`` per program: up to 8 are summed on the CUDA cores (a
+    ``block_m`` rows of ``x`` per program: below 16 they are summed on the CUDA cores (a
     ``[block_m, block_n, block_k]`` product), 16 or more go through ``tl.dot`` (tensor
     cores). ``block_n`` output features and ``block_k`` input features per step;
     ``split_k`` programs share one output tile's K (their sums meet by atomic adds into a
-    float32 buffer, so a split launch also zeroes and casts it). ``reduce_each``: the
-    CUDA-core sum folds K at every step (fewer registers) rather than once at the end.
-    ``swap_ab``: the dot computes ``w @ x.T`` (output features as the MMA's rows).
+    float32 buffer, so a split launch also zeroes and casts it).
     """
 
     block_m: int
@@ -41,26 +39,29 @@ class W8A16Tile:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
-    reduce_each: bool = False
-    swap_ab: bool = False
+
+
+# Output features from which one or two rows read the weight through narrow dots rather
+# than the CUDA-core sum (RESULTS.md 11.2).
+_WIDE_OUTPUT = 8192
 
 
 def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
-    """The tile for ``m`` rows of a ``[n, k]`` weight (chosen with ``benchmarks/fp8_probe.py``
-    on an H100 at llama-3.2-3b's shapes, RESULTS.md 11.2): the CUDA-core sum up to 8 rows,
-    narrow dots above."""
-    if m <= 1:
-        return W8A16Tile(1, 8, 256, 4)
-    if m <= 8:
-        rows = triton.next_power_of_2(m)
-        return W8A16Tile(rows, 4, 256, 4)
+    """The tile for ``m`` rows of a ``[n, k]`` weight, from ``benchmarks/fp8_probe.py`` on an
+    H100 at llama-3.2-3b's shapes (RESULTS.md 11.2): one or two rows of a narrow weight on
+    the CUDA cores (many small programs), anything else up to 16 rows through 16-row dots;
+    more rows (weights ``_scaled_mm`` cannot take) through wider dots."""
+    if m <= 2 and n < _WIDE_OUTPUT:
+        return W8A16Tile(m, 4, 512, 4) if n <= 4096 else W8A16Tile(m, 8, 256, 4)
     if m <= 16:
-        return W8A16Tile(16, 64, 128, 4, 4)
+        return W8A16Tile(16, 32, 256, 4, 4)
     if m <= 32:
-        return W8A16Tile(32, 64, 128, 4, 4)
+        return W8A16Tile(16, 64, 128, 4, 4)
     if m <= 64:
+        return W8A16Tile(32, 64, 128, 4, 4)
+    if m <= 128:
         return W8A16Tile(64, 64, 128, 4, 3)
-    return W8A16Tile(64, 128, 128, 8, 3)
+    return W8A16Tile(128, 128, 128, 8, 3)
 
 
 # fmt: off
@@ -69,7 +70,6 @@ def _w8a16_kernel(
     X, W, Scale, Out, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_DOT: tl.constexpr,
-    REDUCE_EACH: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     # The row tile varies fastest, so the programs that share a weight tile run together
     # and all but the first find it in L2.
@@ -85,9 +85,7 @@ def _w8a16_kernel(
     k_lo = pid_k * k_len
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    if SWAP_AB:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    elif USE_DOT or REDUCE_EACH:
+    if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -102,17 +100,11 @@ def _w8a16_kernel(
             k_ok = (k0 + offs_k) < k_len
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if SWAP_AB:
-            acc_t += tl.dot(w.to(x.dtype), tl.trans(x))
-        elif USE_DOT:
+        if USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        elif REDUCE_EACH:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
         else:
             acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if SWAP_AB:
-        acc = tl.trans(acc_t)
-    elif not USE_DOT and not REDUCE_EACH:
+    if not USE_DOT:
         acc = tl.sum(acc3, 2)
     scale = tl.load(Scale + offs_n, mask=n_ok, other=0.0)
     acc = acc * scale[None, :]
@@ -133,8 +125,9 @@ def _quantize_rows_kernel(
     offs = tl.arange(0, BLOCK_K)
     ok = offs < K
     x = tl.load(X + row * stride_xm + offs, mask=ok, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0), min_scale) / FP8_LIMIT
-    q = tl.clamp(x / scale, -FP8_LIMIT, FP8_LIMIT)
+    # IEEE division (``/`` is approximate on a GPU): the scales and values torch computes.
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 0), min_scale), FP8_LIMIT)
+    q = tl.clamp(tl.math.div_rn(x, scale), -FP8_LIMIT, FP8_LIMIT)
     tl.store(Q + row * stride_qm + offs, q.to(Q.dtype.element_ty), mask=ok)
     tl.store(S + row, scale)
 # fmt: on
@@ -162,8 +155,7 @@ def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=use_dot, REDUCE_EACH=tile.reduce_each, SWAP_AB=tile.swap_ab,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        USE_DOT=use_dot, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     return out if tile.split_k == 1 else out.to(x.dtype)
 

@@ -21,11 +21,12 @@ from infer.kernels.fp8 import FP8
 
 
 @triton.jit
-def _narrow(x, scale, FP8: tl.constexpr):
-    """``x`` as the cache stores it (``Dst``'s dtype follows): FP8 divided by its scale and
-    clamped (e4m3 has no infinity), any other dtype as it is."""
+def _narrow(x, scale, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """``x`` as the cache stores it (``Dst``'s dtype follows): FP8 rounded to the
+    activations' ``DTYPE`` first (as the torch reference rotates in it), divided by its scale
+    (IEEE division) and clamped (e4m3 has no infinity); any other dtype as it is."""
     if FP8:
-        return tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)
+        return tl.clamp(tl.math.div_rn(x.to(DTYPE).to(tl.float32), scale), -448.0, 448.0)
     return x
 
 
@@ -43,8 +44,8 @@ def _rotate_heads(
     dst = Dst + heads[:, None] * stride_dh + cols[None, :]
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    out1 = _narrow(x1 * cos - x2 * sin, scale, FP8)
-    out2 = _narrow(x2 * cos + x1 * sin, scale, FP8)
+    out1 = _narrow(x1 * cos - x2 * sin, scale, FP8, X.dtype.element_ty)
+    out2 = _narrow(x2 * cos + x1 * sin, scale, FP8, X.dtype.element_ty)
     tl.store(dst, out1.to(Dst.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, out2.to(Dst.dtype.element_ty), mask=mask)
 
@@ -80,7 +81,8 @@ def _rope_kv_write_kernel(
     v = V + token * stride_vt + heads * stride_vh + cols[None, :]
     v_dst = VCache + block * stride_vcb + offset * stride_vco + heads * stride_vch + cols[None, :]
     for half in tl.static_range(2):
-        values = _narrow(tl.load(v + half * HALF, mask=mask), v_scale, FP8_CACHE)
+        values = _narrow(tl.load(v + half * HALF, mask=mask), v_scale, FP8_CACHE,
+                         V.dtype.element_ty)  # fmt: skip
         tl.store(v_dst + half * HALF, values.to(VCache.dtype.element_ty), mask=mask)
 
 

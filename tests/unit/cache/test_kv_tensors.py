@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.conftest import CUDA_PARAM
 
 from infer.cache.kv_tensors import KVTensors
 
-GPU = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
-)
 
-
-@pytest.mark.parametrize("device", ["cpu", GPU])
+@pytest.mark.parametrize("device", ["cpu", CUDA_PARAM])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
 def test_copy_blocks_copies_every_layer_of_each_pair(dtype: torch.dtype, device: str) -> None:
     shape = (2, 4, 1, 2, 4)  # layers, blocks, KV heads, block size, head dim

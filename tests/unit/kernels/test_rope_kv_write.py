@@ -88,12 +88,13 @@ def test_an_fp8_cache_gets_k_and_v_divided_by_their_scales(dtype: torch.dtype) -
     k_ref, v_ref = torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8)
     k_out, v_out = k_ref.clone(), v_ref.clone()
 
-    _, ref_k = apply_rope_torch(q.clone(), k.float(), positions, cache)
+    _, ref_k = apply_rope_torch(q.clone(), k, positions, cache)  # rotated, in k's dtype
     write_kv_torch(ref_k, v, k_ref, v_ref, slots, kv_scales=scales)
     rope_and_write_kv_triton(q, k, v, positions, cache, k_out, v_out, slots, scales)
 
     assert torch.equal(v_out.view(torch.uint8), v_ref.view(torch.uint8))
     assert bool(v_out.float().abs().amax() == 448)  # clamped, not NaN
-    # K is rotated in float32 by both; the products may round apart by one e4m3 step.
+    # The rotation's products may round apart (a fused multiply-add) by one e4m3 step.
     torch.testing.assert_close(k_out.float(), k_ref.float(), rtol=2**-3, atol=2**-6)
+    assert (k_out.view(torch.uint8) != k_ref.view(torch.uint8)).float().mean() < 0.01
     assert not k_out.float().isnan().any()
