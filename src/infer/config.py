@@ -410,12 +410,6 @@ class EngineConfig:
             f"must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}",
         )
         _check(
-            self.kv_cache_dtype == "auto" or self.resolved_device.type == "cpu",
-            "kv_cache_dtype",
-            "'fp8' is read by the torch attention path only; the Triton kernels (CUDA) "
-            "do not read an FP8 cache yet (issue 37)",
-        )
-        _check(
             self.dtype is None or self.dtype in _DTYPES,
             "dtype",
             f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}",

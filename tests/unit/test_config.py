@@ -284,7 +284,6 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"max_prefill_chunks_per_step": 0}, "max_prefill_chunks_per_step"),
     ({"quantization": "int8"}, "quantization"),
     ({"kv_cache_dtype": "fp16"}, "kv_cache_dtype"),
-    ({"kv_cache_dtype": "fp8", "device": "cuda"}, "kv_cache_dtype"),  # Triton reads no FP8
     ({"dtype": "float64"}, "dtype"),
     ({"device": "tpu"}, "device"),
     ({"device": "cudafoo"}, "device"),

@@ -269,7 +269,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
             if summary["num_failed"] == 0 and _is_headline(args, device.type):
                 ranks = (
                     f"-tp{config.tensor_parallel_size}" if config.tensor_parallel_size > 1 else ""
-                )
+                ) + _precision_suffix(config)
                 # Keyed by the label, not the run's name: of a label given twice, the later
                 # run is kept (like every run after a workload's first, it finds the prefix
                 # cache warm, so it compares with the other labels' runs).
@@ -287,6 +287,14 @@ def _is_headline(args: argparse.Namespace, device_type: str) -> bool:
     figures (``infer.bench.scoreboard``)."""
     defined = args.num_requests is None and args.max_tokens is None and args.seed == 0
     return defined and device_type == "cuda"
+
+
+def _precision_suffix(config: EngineConfig) -> str:
+    """``-fp8`` for FP8 weights, ``-kvfp8`` for an FP8 cache: their figures go under names
+    of their own, beside (not over) the model dtype's."""
+    weights = f"-{config.quantization}" if config.quantization else ""
+    cache = f"-kv{config.kv_cache_dtype}" if config.kv_cache_dtype != "auto" else ""
+    return weights + cache
 
 
 def _model_name(model: str) -> str:

@@ -32,7 +32,7 @@ _HELP = {
     "flight ends, so requests arriving meanwhile join it (default: on)",
     "quantization": "fp8: FP8 weights with per-channel scales, activations per token "
     "(default: none; FP8 checkpoints load as they are)",
-    "kv_cache_dtype": "auto (the model's dtype) | fp8 (e4m3, half the bytes; CPU only so far)",
+    "kv_cache_dtype": "auto (the model's dtype) | fp8 (e4m3, half the bytes: twice the tokens)",
     "dtype": "float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
     "device": "cpu | cuda[:N] (default: cuda when available)",
     "tensor_parallel_size": "split the model over this many ranks (GPUs, or CPU processes)",

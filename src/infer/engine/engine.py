@@ -17,6 +17,7 @@ from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.draft_proposer import DraftModelProposer
 from infer.engine.grammar_cache import StructuredOutputs
+from infer.engine.memory import kv_bytes_per_token
 from infer.engine.output import request_output
 from infer.engine.pacing import LaunchPacer
 from infer.engine.pipeline import Pipeline
@@ -270,7 +271,21 @@ class Engine:
         return self.pool.used_blocks() / self.pool.num_blocks
 
     def cache_stats(self) -> dict[str, float | int | str]:
-        return {**self.pool.stats().as_dict(), "preemptions": self.scheduler.preemptions}
+        """The pool's ``CacheStats``, preemptions, and its bytes: the cache's element type,
+        a token's K and V over all layers (and ranks), the pool's and the used blocks'."""
+        stats = self.pool.stats()
+        token_bytes = kv_bytes_per_token(self.config, self.model_config, self.dtype)
+        block_bytes = token_bytes * stats.block_size
+        return {
+            **stats.as_dict(),
+            "preemptions": self.scheduler.preemptions,
+            "kv_cache_dtype": str(self.config.kv_cache_torch_dtype(self.dtype)).removeprefix(
+                "torch."
+            ),
+            "kv_bytes_per_token": token_bytes,
+            "kv_cache_bytes": block_bytes * stats.num_blocks,
+            "kv_used_bytes": block_bytes * stats.used_blocks,
+        }
 
     def dashboard_view(self) -> EngineView:
         """A picture of the pool and queues for the dashboard (between steps); keeps the

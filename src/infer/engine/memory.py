@@ -24,6 +24,18 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 1 << 30
 
 
+def kv_bytes_per_token(
+    config: EngineConfig, model_config: ModelConfig, model_dtype: torch.dtype
+) -> int:
+    """Bytes one cached token takes in the pools of all ranks together: K and V of every
+    layer at the cache's element size (each rank holds its KV heads, a replicated head
+    once per rank)."""
+    world = config.tensor_parallel_size
+    heads = kv_heads_per_rank(model_config.num_kv_heads, world) * world
+    itemsize = config.kv_cache_torch_dtype(model_dtype).itemsize
+    return dataclasses.replace(model_config, num_kv_heads=heads).kv_bytes_per_token(itemsize)
+
+
 class KVCacheBuilder:
     """Builds the pool the config asks for: contiguous slots, or as many paged blocks as
     ``num_gpu_blocks`` says or free memory allows (after a profiled worst-case step).

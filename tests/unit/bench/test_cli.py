@@ -116,3 +116,13 @@ def test_bad_input_is_a_clear_error(
 ) -> None:
     assert main([*_offline(tiny_checkpoint("llama"), 256), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_fp8_figures_get_names_of_their_own() -> None:
+    from infer.cli.bench import _precision_suffix
+    from infer.config import EngineConfig
+
+    assert _precision_suffix(EngineConfig(device="cpu")) == ""
+    fp8 = EngineConfig(device="cpu", quantization="fp8", kv_cache_dtype="fp8")
+    assert _precision_suffix(fp8) == "-fp8-kvfp8"
+    assert _precision_suffix(EngineConfig(device="cpu", kv_cache_dtype="fp8")) == "-kvfp8"

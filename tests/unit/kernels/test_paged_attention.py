@@ -17,6 +17,7 @@ import infer.kernels.paged_attention as paged_attention_module
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
+from infer.kernels.fp8 import to_fp8
 from infer.kernels.paged_attention import (
     SHORT_PREFILL_LEN,
     SMALL_STEP_TOKENS,
@@ -445,3 +446,38 @@ def test_decode_rows_split_by_the_rows_the_step_holds(
     q_padded = torch.cat([q, torch.randn(3, *q.shape[1:])])
     out = paged_attention_triton(q_padded, k, v, padded, 32**-0.5, prefill_tile=SMALL_PREFILL)
     assert_matches(out[: q.shape[0]], reference(q, k, v, meta))
+
+
+# ---- an FP8 (e4m3) cache: widened as loaded, scaled per tensor --------------------------------
+
+FP8_SCALES = (0.02, 0.03)  # K and V: the random caches (and the poison) span e4m3's range
+
+
+@pytest.mark.parametrize(
+    ("specs", "window", "options", "dtype"),
+    [
+        ([(90, 1), (50, 50), (120, 24), (70, 3)], 0, {}, torch.float16),  # decode, prompt,
+        ([(90, 1), (50, 50), (120, 24), (70, 3)], 32, {}, torch.float32),  # chunk, prefix
+        ([(1, 1), (200, 1), (64, 1)], 0, {"num_splits": 3}, torch.float16),
+        ([(150, 9), (60, 1)], 0, {"prefill_splits": 3}, torch.float32),
+    ],
+    ids=["mixed", "window", "split-decode", "split-prefill"],
+)
+def test_an_fp8_cache_is_read_as_its_values_times_the_scales(
+    specs: list[tuple[int, int]], window: int, options: dict[str, int], dtype: torch.dtype
+) -> None:
+    q, k, v, meta = make_batch(specs, heads=(4, 2), dtype=dtype)
+    k_fp8, v_fp8 = to_fp8(k, FP8_SCALES[0]), to_fp8(v, FP8_SCALES[1])
+    scale = q.shape[-1] ** -0.5
+    out = paged_attention_triton(
+        q, k_fp8, v_fp8, meta, scale, window, kv_scales=FP8_SCALES, prefill_tile=SMALL_PREFILL,
+        **options,
+    )  # fmt: skip
+    expected = paged_attention_torch(q.float(), k_fp8, v_fp8, meta, scale, window, FP8_SCALES)
+    assert out.dtype == dtype
+    assert_matches(out, expected)
+    # Unscaled, the same cache reads as other values: the scales are applied, not ignored.
+    unscaled = paged_attention_triton(
+        q, k_fp8, v_fp8, meta, scale, window, prefill_tile=SMALL_PREFILL, **options
+    )
+    assert not torch.allclose(unscaled.float(), expected, atol=1e-2)
