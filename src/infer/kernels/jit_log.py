@@ -50,11 +50,18 @@ class JitLog:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self.variants: list[KernelVariant] = []
-        self.part = "start-up"
         self.ready = False  # then each new variant built while serving is a warning
+        self._default_part = "start-up"  # of threads in no part: serving once ready
+        self._parts = threading.local()  # each thread's part (a warm-up may run beside)
         self._installed = False
         self._started: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    @property
+    def part(self) -> str:
+        """The part the calling thread runs."""
+        part: str = getattr(self._parts, "part", self._default_part)
+        return part
 
     def install(self) -> bool:
         """Hook Triton's JIT (idempotent); False when this Triton has no hooks."""
@@ -73,22 +80,28 @@ class JitLog:
         return True
 
     @contextmanager
-    def running(self, part: str) -> Iterator[list[KernelVariant]]:
-        """Attribute the variants built meanwhile to ``part``; yields the list they join."""
-        previous, self.part = self.part, part
-        start = len(self.variants)
+    def running(self, part: str, since: int | None = None) -> Iterator[list[KernelVariant]]:
+        """Attribute the variants this thread builds meanwhile to ``part``; yields the list
+        they join when it ends, with those other threads built in ``part`` since the log
+        held ``since`` variants (default: from now on)."""
+        previous = getattr(self._parts, "part", None)
+        self._parts.part = part
+        start = len(self.variants) if since is None else since
         built: list[KernelVariant] = []
         try:
             yield built
         finally:
-            self.part = previous
-            built.extend(self.variants[start:])
+            if previous is None:
+                del self._parts.part
+            else:
+                self._parts.part = previous
+            built.extend(v for v in self.variants[start:] if v.part == part)
 
     def mark_ready(self) -> None:
         """The engine is ready: a variant built from now on, outside another start-up's
         parts, delayed a request."""
         self.ready = True
-        self.part = SERVING
+        self._default_part = SERVING
 
     def _before(self, key: Any, **_: Any) -> None:
         with self._lock:
@@ -99,11 +112,12 @@ class JitLog:
         with self._lock:
             seconds = now - self._started.pop(str(key), now)
         name = getattr(fn, "name", "?")
+        part = self.part
         variant = KernelVariant(
-            name, _specialization(fn, compile), seconds, self.part, seconds < CACHE_LOAD_S
+            name, _specialization(fn, compile), seconds, part, seconds < CACHE_LOAD_S
         )
         self.variants.append(variant)
-        if self.ready and self.part == SERVING:
+        if self.ready and part == SERVING:
             logger.warning("kernel variant built after start-up (the warm-up missed it): %s",
                            variant.describe())  # fmt: skip
 

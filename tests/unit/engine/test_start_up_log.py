@@ -14,9 +14,11 @@ def test_a_part_is_timed_and_lists_its_kernel_variants(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(JIT_LOG, "variants", [])
-    variant = KernelVariant("_sample_kernel", "HAS_MASK=True", 1.25, "", from_cache=False)
-    with caplog.at_level(logging.INFO), start_up_part("warm-up: grammar masks") as part:
-        JIT_LOG.variants.append(variant)
+    label = "warm-up: grammar masks"
+    variant = KernelVariant("_sample_kernel", "HAS_MASK=True", 1.25, label, from_cache=False)
+    beside = KernelVariant("_rms_norm_kernel", "", 0.5, "another thread's part", from_cache=False)
+    with caplog.at_level(logging.INFO), start_up_part(label) as part:
+        JIT_LOG.variants += [variant, beside]
     assert part.variants == [variant] and part.seconds > 0
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("start-up: warm-up: grammar masks in ")

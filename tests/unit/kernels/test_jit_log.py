@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,3 +89,20 @@ def test_hooks_set_before_are_still_called_and_answer() -> None:
     assert _chained(theirs, ours)(key="k") is True
     assert _chained(None, ours)(key="k") is None
     assert calls == ["ours", "theirs", "ours"]
+
+
+def test_each_thread_builds_in_its_own_part() -> None:
+    log = JitLog(Clock())
+    with log.running("load the weights") as main:
+        worker = threading.Thread(target=_in_part, args=(log, "compile the sampling kernels"))
+        worker.start()
+        worker.join()
+        _build(log, "b", 1.0)
+    assert [v.part for v in log.variants] == ["compile the sampling kernels", "load the weights"]
+    assert main == log.variants[1:]
+    assert log.part == "start-up"
+
+
+def _in_part(log: JitLog, part: str) -> None:
+    with log.running(part):
+        _build(log, "a", 2.0)
