@@ -23,7 +23,7 @@ from infer.engine.pacing import LaunchPacer
 from infer.engine.pipeline import Pipeline
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
-from infer.engine.rehearsal import RehearsedPart, emptied, rehearse
+from infer.engine.rehearsal import WARM_UP, RehearsedPart, emptied, rehearse
 from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
@@ -79,7 +79,8 @@ class Engine:
         self.warm_up: list[RehearsedPart] = []
         if config.warm_up_enabled:
             try:
-                self.warm_up = rehearse(self)
+                with start_up_part(f"{WARM_UP}: all parts"):
+                    self.warm_up = rehearse(self)
             except Exception:
                 self.close()
                 raise

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+WARM_UP = "warm-up (the first traffic, rehearsed)"  # the start-up log's name of it
 WAVE = 8  # requests of a small wave: batch sizes 1..WAVE, every residue mod 4
 LONG_PROMPT = 3000  # past the prefill kernels' short-context tile (or the context, if less)
 SHARED_PREFIX = 200  # a cached prefix's tokens (a chat's system prompt)
@@ -151,7 +152,7 @@ def rehearse(engine: Engine) -> list[RehearsedPart]:
         if part.needs_tokenizer and engine.tokenizer is None:
             continue
         waves = _waves(part, config.max_batch_size, chunk, engine.max_seq_len)
-        with start_up_part(f"warm-up: {part.label}") as log:
+        with start_up_part(f"{WARM_UP}: {part.label}") as log:
             for wave in waves:
                 for request in wave:
                     head = prefix if request.shared else []
