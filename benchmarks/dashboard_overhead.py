@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import random
+import select
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from infer.server.launch import spawn_server
 from infer.workloads import make_workload
 
 SERVE = ["--model", "llama-3.2-3b", "--load-format", "dummy"]
+READER_START_S = 120.0
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> float:
@@ -112,8 +114,12 @@ def dashboard_open(url: str) -> Iterator[list[int]]:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     frames = [0]
-    time.sleep(1.0)  # connected, the first frames sent
     try:
+        assert reader.stdout is not None
+        # Its first frame, before the burst starts (the reader imports this module first).
+        if not select.select([reader.stdout], [], [], READER_START_S)[0]:
+            raise RuntimeError(f"the dashboard reader read no frame in {READER_START_S:.0f} s")
+        reader.stdout.readline()
         yield frames
     finally:
         reader.terminate()

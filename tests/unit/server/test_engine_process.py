@@ -15,8 +15,8 @@ import pytest
 
 from infer import EngineConfig, SamplingParams
 from infer.engine.request import RequestOutput, TokenLogprob
-from infer.server.engine_pipes import PipeEnds, engine_pipes
 from infer.heap import IdleCollections
+from infer.server.engine_pipes import PipeEnds, engine_pipes
 from infer.server.engine_process import _ApiLink, _EngineLoop, run_engine
 from infer.server.messages import (
     Abort,
