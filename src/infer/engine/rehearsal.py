@@ -38,6 +38,7 @@ WARM_UP = "warm-up (the first traffic, rehearsed)"  # the start-up log's name of
 WAVE = 8  # requests of a small wave: batch sizes 1..WAVE, every residue mod 4
 LONG_PROMPT = 3000  # past the prefill kernels' short-context tile (or the context, if less)
 SHARED_PREFIX = 200  # a cached prefix's tokens (a chat's system prompt)
+REPEAT = 3  # the pattern a repeating prompt repeats
 
 # The sampling settings of a part's request ``i`` (its lengths are added).
 Kind = Callable[[int], dict[str, Any]]
@@ -95,11 +96,13 @@ def _json(i: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Request:
-    """One synthetic request: ``shared`` prompts start with the part's shared prefix."""
+    """One synthetic request: ``shared`` prompts start with the part's shared prefix;
+    ``repeating`` ones repeat a few tokens (n-gram speculation finds proposals in them)."""
 
     prompt_len: int
     params: SamplingParams
     shared: bool = False
+    repeating: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Part:
     burst: bool = False  # ``max_batch_size`` requests instead of a small wave
     long_prompt: bool = False  # one long prompt (chunked, past the short-context tile)
     shared_prefix: bool = False  # a wave after one request with the same prefix
+    repeating: bool = False  # prompts of a repeated pattern: speculation proposes (if on)
 
 
 PARTS = (
@@ -125,6 +129,7 @@ PARTS = (
     Part("logprobs of changed logits", _logprobs_of_changed_logits),
     Part("prompt logprobs", _prompt_logprobs),
     Part("a cached prefix", _sampled, shared_prefix=True),
+    Part("repeating prompts (speculative proposals, when on)", _mixed, repeating=True),
     Part("a long prompt", _sampled, long_prompt=True),
     Part("grammar masks (JSON)", _json, needs_tokenizer=True),
 )
@@ -157,6 +162,8 @@ def rehearse(engine: Engine) -> list[RehearsedPart]:
                 for request in wave:
                     head = prefix if request.shared else []
                     tail = [rng.randrange(vocab) for _ in range(request.prompt_len - len(head))]
+                    if request.repeating:
+                        tail = [tail[i % REPEAT] for i in range(len(tail))]
                     engine.add_request(head + tail, request.params)
                 drain(engine)
         done.append(RehearsedPart(part.label, sum(len(w) for w in waves), log))
@@ -173,7 +180,7 @@ def _waves(part: Part, burst: int, chunk: int, max_seq_len: int) -> list[list[Re
         settings = part.kind(i)
         settings["min_tokens"] = min(settings.get("min_tokens", 0), max_tokens)
         params = SamplingParams(**settings, max_tokens=max_tokens, ignore_eos=True)
-        return Request(prompt_len, params, shared and prompt_len > SHARED_PREFIX)
+        return Request(prompt_len, params, shared and prompt_len > SHARED_PREFIX, part.repeating)
 
     if part.long_prompt:
         return [[request(WAVE - 1, LONG_PROMPT)]]

@@ -13,6 +13,7 @@ from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig
 from infer.engine import rehearsal
 from infer.engine.engine import Engine
+from infer.engine.loop import drain
 from infer.engine.rehearsal import PARTS, WAVE, _waves, emptied
 from infer.engine.sampling_params import SamplingParams
 
@@ -55,6 +56,28 @@ def test_a_warmed_engine_samples_what_a_cold_one_does(
             finished.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
         outputs.append([finished[i] for i in ids])
     assert outputs[0] == outputs[1]
+
+
+def test_repeating_prompts_get_speculative_proposals(
+    llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With n-gram speculation on, the rehearsal runs verify steps (their sampling of
+    several positions a row) before the first request does."""
+    (part,) = [p for p in PARTS if p.repeating]
+    monkeypatch.setattr(rehearsal, "PARTS", (part,))
+    verified = []
+
+    def drain_and_count(engine: Engine) -> None:
+        drain(engine)
+        verified.append(engine.scheduler.speculation.num_verify_steps)
+
+    monkeypatch.setattr(rehearsal, "drain", drain_and_count)
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    engine = Engine(
+        EngineConfig(model=llama, use_warm_up=True, speculative_config=spec, **OPTIONS)  # type: ignore[arg-type]
+    )
+    assert verified and verified[-1] > 0
+    assert engine.scheduler.speculation.num_verify_steps == 0  # counted afresh
 
 
 @pytest.mark.parametrize("max_seq_len", [24, 4096])
