@@ -394,6 +394,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from infer.bench.metrics import summarize
     from infer.bench.results import environment, output_paths, timestamp, write_json
 
+    if args.temperature < 0:
+        raise ValueError(f"temperature: must be >= 0, got {args.temperature}")
     pairs = _workloads(args, args.vocab_size)
     names = [w.name for w, _ in pairs]
     model = args.model
