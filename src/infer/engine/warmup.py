@@ -85,7 +85,9 @@ def _sample_once(
     vocab_size: int, device: torch.device, top_p: float, masked: bool, dtype: torch.dtype
 ) -> None:
     with JIT_LOG.running(SAMPLER_PART):
-        ones = torch.ones(1, device=device)
+        # Every dtype named: the model's loading sets torch's default dtype meanwhile (for
+        # the whole process), and a bfloat16 temperature does not compile.
+        ones = torch.ones(1, dtype=torch.float32, device=device)
         ints = torch.zeros(1, dtype=torch.int64, device=device)
         rows = RowSettings(
             ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
