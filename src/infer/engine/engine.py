@@ -74,6 +74,9 @@ class Engine:
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
         self.wakeup = Wakeup()
+        # What it learns of the device's step times holds after the warm-up too.
+        pacing = config.use_launch_pacing and config.use_async_scheduling
+        self.pacer = LaunchPacer() if pacing else None
         self._start_serving(rank.pool)
         # What the warm-up ran, each part with its time (empty without one).
         self.warm_up: list[RehearsedPart] = []
@@ -95,16 +98,16 @@ class Engine:
 
     def _start_serving(self, pool: CachePoolProtocol) -> None:
         """The host-side state of serving, on ``pool`` (empty): the queues, the step
-        pipeline, the counters. Set again after the warm-up, so nothing of it stays."""
+        pipeline, the counters. Set again after the warm-up, so nothing of it stays but the
+        pacer's step times."""
         config = self.config
         self.pool = self.runner.pool = pool
         self.scheduler = Scheduler(config, pool, self.max_seq_len, self._proposer())
-        pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         self.pipeline = Pipeline(
             self.scheduler,
             self.runner,
             run_ahead=config.use_async_scheduling,
-            pacer=pacer,
+            pacer=self.pacer,
             on_launch=self._launched,
         )
         # The last step found nothing it could run (only requests whose grammars compile):

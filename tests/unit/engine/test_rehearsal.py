@@ -39,6 +39,8 @@ def test_every_part_runs_and_nothing_of_it_stays(llama: str) -> None:
     stats = engine.cache_stats()
     assert stats["total_allocations"] == stats["prefix_queries"] == stats["cached_blocks"] == 0
     assert engine.add_request([5, 6, 7], SamplingParams(max_tokens=1)) == "0"
+    # The pacer that timed the rehearsal's steps (on a GPU) paces the first requests.
+    assert engine.pacer is not None and engine.pipeline.pacer is engine.pacer
 
 
 def test_a_warmed_engine_samples_what_a_cold_one_does(
