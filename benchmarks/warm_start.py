@@ -9,7 +9,8 @@ first burst after ready against the second, and what an open dashboard costs a b
    is the one under it); ready = ``GET /health`` answers 200. Bursts 1 and 2 after ready:
    ``serve_burst`` (256 requests at once, prompts and outputs U[128, 384] tokens),
    temperature 1.0, as ``vllm bench serve`` sends them to a server at its defaults; each
-   burst on prompts of its own. Then the dashboard: ``burst256`` (greedy, as
+   burst on prompts of its own, sent by ``infer bench serve`` (no warm-up requests) in a
+   process of its own. Then the dashboard: ``burst256`` (greedy, as
    ``dashboard_overhead.py`` and RESULTS 10.3) with the stream closed and open (read by
    another process, as a browser does) in ABBA order, ``--pairs`` pairs.
 2. Warm: the same server on the same ``INFER_CACHE_DIR``: start to ready, bursts 1 and 2.
@@ -23,12 +24,12 @@ on an H100.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,16 +41,14 @@ from typing import Any
 SERVER_ENV = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
 
 from dashboard_overhead import dashboard_open  # noqa: E402 (the benchmarks folder)
-from infer.bench.http_client import run_serving  # noqa: E402
-from infer.bench.metrics import summarize  # noqa: E402
 from infer.bench.startup import INFER_MARKERS, LoggedProcess, find_markers  # noqa: E402
 from infer.config import ModelConfig  # noqa: E402
 from infer.loader import resolve_model  # noqa: E402
-from infer.workloads import make_workload  # noqa: E402
 
 SERVE = ["--model", "llama-3.2-3b", "--load-format", "dummy"]
 SHAPE: dict[str, int | None] = {"num_requests": None, "max_tokens": None}  # a CPU try: less
 LATE_BUILD = "kernel variant built after start-up"
+BURST_TIMEOUT_S = 300.0
 START_UP = "start-up: "
 
 
@@ -60,11 +59,21 @@ def _port() -> int:
 
 
 def _burst(url: str, workload: str, vocab: int, seed: int, temperature: float) -> dict[str, Any]:
-    requests = make_workload(workload, vocab, SHAPE["num_requests"], seed=seed)
-    if SHAPE["max_tokens"] is not None:
-        requests = requests.capped(SHAPE["max_tokens"])
-    _, result = asyncio.run(run_serving(url, requests, progress=False, temperature=temperature))
-    summary = summarize(result)
+    """One burst sent by ``infer bench serve`` in a process of its own, so that every burst's
+    client starts alike (a first burst would otherwise carry the client's own first use)."""
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / "burst.json"
+        command = [
+            sys.executable, "-m", "infer.cli", "bench", "serve", "--url", url,
+            "--workload", workload, "--vocab-size", str(vocab), "--seed", str(seed),
+            "--temperature", str(temperature), "--warmup", "0", "--no-progress",
+            "--output", str(output),
+        ]  # fmt: skip
+        for flag, value in SHAPE.items():
+            if value is not None:
+                command += [f"--{flag.replace('_', '-')}", str(value)]
+        subprocess.run(command, env=SERVER_ENV, check=True, timeout=BURST_TIMEOUT_S)
+        summary = json.loads(output.read_text())
     return {
         "workload": workload,
         "temperature": temperature,
