@@ -72,7 +72,13 @@ def _burst(url: str, workload: str, vocab: int, seed: int, temperature: float) -
         for flag, value in SHAPE.items():
             if value is not None:
                 command += [f"--{flag.replace('_', '-')}", str(value)]
-        subprocess.run(command, env=SERVER_ENV, check=True, timeout=BURST_TIMEOUT_S)
+        done = subprocess.run(
+            command, env=SERVER_ENV, capture_output=True, text=True, timeout=BURST_TIMEOUT_S
+        )
+        if not output.exists():  # (it exits 1 when requests failed; they are counted)
+            raise RuntimeError(
+                f"infer bench serve failed ({done.returncode}):\n{done.stderr[-2000:]}"
+            )
         summary = json.loads(output.read_text())
     return {
         "workload": workload,
