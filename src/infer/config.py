@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from infer.speculative_config import SpeculativeConfig
@@ -116,6 +118,13 @@ class RopeConfig:
             truncate=bool(scaling.get("truncate", True)),
             attention_factor=float(attention_factor),
         )
+
+
+def cache_dir() -> Path:
+    """Where infer keeps what it converts or compiles once for later runs (tokenizers,
+    kernels): ``INFER_CACHE_DIR``, or ``~/.cache/infer``."""
+    root = os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer"
+    return Path(root)
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -280,6 +289,7 @@ class EngineConfig:
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     max_graph_tokens: int = 2048
+    use_warm_up: bool | None = None  # the first traffic rehearsed before ready; on with CUDA
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
@@ -520,6 +530,12 @@ class EngineConfig:
                 and self.batching_mode == "continuous"
             )
         return self.use_cuda_graphs
+
+    @property
+    def warm_up_enabled(self) -> bool:
+        if self.use_warm_up is None:
+            return self.resolved_device.type == "cuda"
+        return self.use_warm_up
 
     def resolved_max_seq_len(self, model: ModelConfig) -> int:
         """The context asked for: ``max_seq_len``, else the model's whole context (the KV

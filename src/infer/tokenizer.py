@@ -7,7 +7,6 @@ transformers; the conversion is slow, so its result is cached on disk and reused
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.config import cache_dir
 from infer.text_pieces import TextPieces
 
 Message = dict[str, Any]
@@ -59,12 +59,6 @@ class ChatTemplateArgs:
 
 
 DEFAULT_TEMPLATE_ARGS = ChatTemplateArgs()
-
-
-def cache_dir() -> Path:
-    """Where converted tokenizers live (``INFER_CACHE_DIR`` or ``~/.cache/infer``)."""
-    root = os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer"
-    return Path(root)
 
 
 class Tokenizer:

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from infer.config import SUPPORTED_MODEL_TYPES, EngineConfig, ModelConfig, RopeConfig
+from infer.config import (
+    SUPPORTED_MODEL_TYPES,
+    EngineConfig,
+    ModelConfig,
+    RopeConfig,
+    cache_dir,
+)
 from infer.loader.presets import preset_config, preset_names
 
 # Published HF config.json values (a copy of the team's shared/reference/model_configs.json).
@@ -442,3 +448,20 @@ def test_explicit_contradictions_name_both_flags(
 ) -> None:
     with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
         EngineConfig(**options)
+
+
+def test_cache_dir_is_infer_cache_dir_or_home_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("INFER_CACHE_DIR", raising=False)
+    assert cache_dir() == Path.home() / ".cache" / "infer"
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_the_warm_up_is_on_with_cuda_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not EngineConfig(device="cpu").warm_up_enabled
+    assert EngineConfig(device="cpu", use_warm_up=True).warm_up_enabled
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert EngineConfig(device="cuda").warm_up_enabled
+    assert not EngineConfig(device="cuda", use_warm_up=False).warm_up_enabled

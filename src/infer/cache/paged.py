@@ -175,7 +175,7 @@ class PagedKVCachePool:
             self.num_blocks,
             self.block_size,
             self.page_tables,
-            self.allocator.cached_block_ids(),
+            self.allocator.cached_mask(),
             owners,
             unused,
             self.allocator.evictions,

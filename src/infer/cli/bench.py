@@ -82,6 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one request may take (default: 600)"
     )
+    serve.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="of every request (default: 0, greedy; 1.0 samples as vllm bench serve's "
+        "requests do at a server's defaults)",
+    )
     _add_workload_args(serve)
     serve.set_defaults(handler=run_serve)
 
@@ -395,6 +402,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from infer.bench.metrics import summarize
     from infer.bench.results import environment, output_paths, timestamp, write_json
 
+    if args.temperature < 0:
+        raise ValueError(f"temperature: must be >= 0, got {args.temperature}")
     pairs = _workloads(args, args.vocab_size)
     names = [w.name for w, _ in pairs]
     model = args.model
@@ -412,6 +421,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 args.progress,
                 args.timeout,
                 args.client_processes,
+                args.temperature,
             )
         )
         paths, plots = output_paths(args.output, model, names, ["server"], date)
@@ -430,6 +440,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "max_tokens_cap": args.max_tokens,
             "warmup_requests": args.warmup,
+            "temperature": args.temperature,
         }
         path = write_json(record, json_paths[workload.name, "server"])
         _print_done("server", workload.name, summary, path)

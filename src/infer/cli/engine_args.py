@@ -28,6 +28,8 @@ _HELP = {
     "max_seq_len": "prompt + output (default: the model's context, or what the KV cache holds)",
     "use_cuda_graphs": "replay steps from captured CUDA graphs (default: on with CUDA)",
     "max_graph_tokens": "largest step with prompt tokens that replays a graph (0: decode only)",
+    "use_warm_up": "before saying it is ready, run once the steps first traffic runs (every "
+    "sampling kind, prompt lengths, batch sizes), so none compiles then (default: on with CUDA)",
     "use_launch_pacing": "with async scheduling, queue the next step just before the one in "
     "flight ends, so requests arriving meanwhile join it (default: on)",
     "quantization": "fp8: FP8 weights with per-channel scales, activations per token "

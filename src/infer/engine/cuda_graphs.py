@@ -153,8 +153,9 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first, sharing one memory pool. The static buffers
-        hold rows without tokens meanwhile, so the warm-up runs write nothing."""
+        """Capture every bucket, largest first, sharing one memory pool, and replay each
+        once. The static buffers hold rows without tokens meanwhile, so the warm-up runs and
+        the replays write nothing."""
         before = torch.cuda.memory_allocated()
         pool = torch.cuda.graph_pool_handle()
         for bucket in sorted(self.buckets, key=lambda b: (b.decode, b.tokens), reverse=True):
@@ -165,6 +166,10 @@ class CUDAGraphRunner:
             with torch.cuda.graph(graph, pool=pool):
                 out = self.forward(bucket)
             self._graphs[bucket] = (graph, out)
+        # A graph's first replay uploads it to the device; done here, the first requests do
+        # not wait for it (nothing is written: the buffers still hold rows without tokens).
+        for graph, _ in self._graphs.values():
+            graph.replay()
         torch.cuda.synchronize()
         self.memory_bytes = torch.cuda.memory_allocated() - before
 

@@ -18,8 +18,11 @@ from infer.distributed.group import ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.runner import ModelRunner
-from infer.engine.warmup import warm_up_kernels
+from infer.engine.start_up_log import start_up_part
+from infer.engine.warmup import SAMPLER_PART, SamplerWarmUp, warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
+from infer.kernels.jit_cache import use_kernel_cache
+from infer.kernels.jit_log import JIT_LOG
 from infer.loader import ModelSource, load_model
 from infer.models import DecoderModel
 
@@ -40,27 +43,48 @@ def build_rank(
     device: torch.device,
     group: ParallelGroup,
 ) -> RankState:
-    """Load this rank's model and pool, warm up and capture graphs on a GPU."""
+    """Load this rank's model and pool, warm up and capture graphs on a GPU; each part is
+    timed in the start-up log (rank 0's), with the kernel variants it built."""
+    use_kernel_cache()
+    JIT_LOG.install()
+    log = group.rank == 0
     dtype = config.torch_dtype
-    model, _ = load_model(
-        source, device, dtype, max_seq_len, config.load_format, config.seed, group,
-        config.quantization,
-    )  # fmt: skip
-    builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
-    pool, storage = builder.build()
-    max_seq_len = builder.max_seq_len
-    graphs = None
-    # Graphs capture the Triton kernels; the torch attention path is the eager reference.
-    if config.cuda_graphs_enabled and triton_enabled(device):
-        graph_tokens = min(
-            config.max_graph_tokens, config.resolved_max_num_batched_tokens(max_seq_len)
-        )
-        graphs = CUDAGraphRunner(
-            model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
-        )
-    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
-    if device.type == "cuda":
-        warm_up_kernels(model, pool, device, max_seq_len)
+    sampler = None  # only rank 0 samples
+    if device.type == "cuda" and group.rank == 0:
+        sampler = SamplerWarmUp(model_config.vocab_size, device, dtype)
+    try:
+        with start_up_part(f"{source.name}: load the weights", log=log):
+            model, _ = load_model(
+                source, device, dtype, max_seq_len, config.load_format, config.seed, group,
+                config.quantization,
+            )  # fmt: skip
+        with start_up_part(f"{source.name}: size the KV cache", log=log):
+            builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
+            pool, storage = builder.build()
+        max_seq_len = builder.max_seq_len
+        graphs = None
+        # Graphs capture the Triton kernels; the torch attention path is the eager reference.
+        if config.cuda_graphs_enabled and triton_enabled(device):
+            graph_tokens = min(
+                config.max_graph_tokens, config.resolved_max_num_batched_tokens(max_seq_len)
+            )
+            graphs = CUDAGraphRunner(
+                model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
+            )
+        runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
+        if device.type == "cuda":
+            with start_up_part(f"{source.name}: warm up the step kernels", log=log):
+                warm_up_kernels(model, pool, device, max_seq_len)
+    except BaseException:
+        if sampler is not None:
+            sampler.abandon()
+        raise
+    if sampler is not None:  # before graphs are captured: no other thread may launch then
+        with start_up_part(SAMPLER_PART, since=sampler.since):
+            sampler.wait()
     if graphs is not None:
-        graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
+        with start_up_part(
+            f"{source.name}: capture {len(graphs.buckets)} CUDA graphs", log=log
+        ):  # with NCCL, each graph holds its forward's all-reduces
+            graphs.capture()
     return RankState(model, pool, runner, max_seq_len)

@@ -238,6 +238,9 @@ class _EngineLoop:
         self.apis = list(apis)  # the first: the process that started the engine
         self.collections = collections
         self.owners: dict[str, _ApiLink] = {}  # each unfinished request's API process
+        # Calls wait for the end of the step (``put_out``): answered then, while the device
+        # runs the step queued ahead, they cost the host's slack, not a launch's delay.
+        self.calls: list[tuple[_ApiLink, int, str]] = []
 
     def run(self) -> None:
         drive(self.engine, self)
@@ -278,12 +281,14 @@ class _EngineLoop:
                     case Abort(request_ids):
                         self._abort(request_ids)
                     case Call(call_id, name):
-                        api.outbox.send(self._call(call_id, name))
+                        self.calls.append((api, call_id, name))
                     case Stop():
                         self._abort_all()
                         return False
         if idle and ran:
             self.put_out([])  # e.g. aborts of waiting requests: the counters changed
+        elif not engine.has_unfinished_requests():
+            self._answer_calls()  # no step comes to answer them after
         return True
 
     def _add(self, api: _ApiLink, requests: list[NewRequest]) -> None:
@@ -310,6 +315,12 @@ class _EngineLoop:
         self._abort(orphans)
         self.apis.remove(api)
         api.outbox.close()
+
+    def _answer_calls(self) -> None:
+        calls, self.calls = self.calls, []
+        for api, call_id, name in calls:
+            if api in self.apis:  # (not an API worker gone meanwhile)
+                api.outbox.send(self._call(call_id, name))
 
     def _call(self, call_id: int, name: str) -> CallResult:
         if name not in _CALLABLE:
@@ -353,6 +364,8 @@ class _EngineLoop:
         for api in self.apis:
             api.outbox.send(StepEvents(api.progress, api.finished, snapshot))
             api.progress, api.finished = [], []
+        if self.calls:
+            self._answer_calls()
 
 
 def _failed(request_id: str, error: str) -> RequestOutput:
