@@ -123,10 +123,15 @@ class Probe:
     def measure(self, flops: float, fn: Call, ref: Tensor | None, **row: Any) -> Tensor | None:
         """Time ``fn`` (output ``[T, H, D]``), emit its rate and error; errors become rows."""
         try:
+            self.sync()
+            t0 = time.perf_counter()
             out = fn()
+            self.sync()
+            cold_ms = (time.perf_counter() - t0) * 1e3  # first call: compiles, builds plans
             err = None if ref is None else (out.float() - ref.float()).abs().max().item()
             ms = self.time_ms(fn)
-            self.emit(**row, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1), max_err=err)
+            self.emit(**row, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1), max_err=err,
+                      cold_ms=round(cold_ms, 1))  # fmt: skip
             return out
         except Exception as exc:  # a backend that does not take this shape
             self.emit(**row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
