@@ -276,10 +276,12 @@ class EngineConfig:
     admission_reserve: float = 0.2
     use_chunked_prefill: bool | None = None  # on; off when static
     prefill_chunk_size: int = 384
+    long_prefill_threshold: int = 4096
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     max_graph_tokens: int = 2048
+    use_sdpa_prefill: bool = True
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
@@ -382,6 +384,11 @@ class EngineConfig:
             self.prefill_chunk_size >= 1,
             "prefill_chunk_size",
             f"must be >= 1, got {self.prefill_chunk_size}",
+        )
+        _check(
+            self.long_prefill_threshold >= 0,
+            "long_prefill_threshold",
+            f"must be >= 0, got {self.long_prefill_threshold}",
         )
         _check(
             self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,

@@ -242,12 +242,16 @@ class Scheduler:
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
+        unscheduled = decodes  # decode rows still to come: a chunk leaves them their tokens
         for request in list(self.running):
+            decoding = self._remaining(request) == 1
+            unscheduled -= decoding
             if request.state is not RequestState.RUNNING or budget == 0:
                 continue
             if ahead and request.num_placeholders and self._ends_in_flight(request):
                 continue
-            num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
+            room = budget if decoding else max(budget - unscheduled, 0)
+            num_tokens = self._tokens_to_run(request, room, prefills, decodes)
             if num_tokens == 0:
                 continue
             if not self._make_room(request, num_tokens, out, ahead=ahead):
@@ -326,6 +330,12 @@ class Scheduler:
         return request.num_tokens_with_pending - self.num_computed(request)
 
     def _tokens_to_run(self, request: Request, budget: int, prefills: int, decodes: int = 0) -> int:
+        """How many of the request's tokens run in a step with ``decodes`` decode rows, out
+        of ``budget``. Small chunks serve the inter-token latency of decode rows and nothing
+        else: with none, or for a sequence longer than ``long_prefill_threshold`` (whose
+        small chunks would each read its growing context and leave its first token hundreds
+        of steps away), a chunk is as large as the budget (RESULTS.md, 6.6). A threshold of
+        0 keeps every chunk at ``prefill_chunk_size``."""
         remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
@@ -334,6 +344,9 @@ class Scheduler:
             return 0
         if not self.config.use_chunked_prefill:
             return remaining if remaining <= budget else 0
+        threshold = self.config.long_prefill_threshold
+        if threshold > 0 and (decodes == 0 or request.num_tokens > threshold):
+            return min(remaining, budget)
         size = self.config.prefill_chunk_size
         if remaining > size and prefills == 0:
             size = max(size - decodes, (size + 1) // 2)
