@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.attention.long_prefill import long_rows_from
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import ParallelGroup
@@ -58,9 +59,10 @@ def build_rank(
         graphs = CUDAGraphRunner(
             model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
         )
-    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
+    long_rows = long_rows_from(config.use_sdpa_prefill, device)
+    runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group, long_rows)
     if device.type == "cuda":
-        warm_up_kernels(model, pool, device, max_seq_len)
+        warm_up_kernels(model, pool, device, max_seq_len, long_rows)
     if graphs is not None:
         graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
     return RankState(model, pool, runner, max_seq_len)

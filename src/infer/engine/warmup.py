@@ -15,12 +15,17 @@ from infer.models import DecoderModel
 
 @torch.inference_mode()
 def warm_up_kernels(
-    model: DecoderModel, pool: CachePoolProtocol, device: torch.device, max_seq_len: int
+    model: DecoderModel,
+    pool: CachePoolProtocol,
+    device: torch.device,
+    max_seq_len: int,
+    long_rows_from: int = 0,
 ) -> None:
-    """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step and
-    a chunk over a long context (the other prefill tile): a first-use compile would otherwise
-    stall the first requests for seconds. Their K/V writes land in blocks that are all still
-    free."""
+    """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step, a
+    chunk over a long context (the other prefill tile) and, with ``long_rows_from``, a long
+    chunk after a prefix beside a decode row (the fused path and its merge): a first-use
+    compile would otherwise stall the first requests for seconds. Their K/V writes land in
+    blocks that are all still free."""
     from infer.kernels.paged_attention import SHORT_PREFILL_LEN  # triton: GPU installs only
 
     block_size = pool.block_size
@@ -37,8 +42,10 @@ def warm_up_kernels(
     ]
     if max_seq_len > SHORT_PREFILL_LEN + 2:
         batches.append([sequence(SHORT_PREFILL_LEN, 2)])
+    if long_rows_from and max_seq_len > long_rows_from + block_size:
+        batches.append([sequence(block_size, long_rows_from), sequence(block_size, 1)])
     for batch in batches:
-        input_ids, meta = build_metadata(batch, block_size, device)
+        input_ids, meta = build_metadata(batch, block_size, device, long_rows_from)
         logits = model.compute_logits(model(input_ids, meta))
         logits.argmax(-1)
     _warm_up_sampler(model.config.vocab_size, device, {logits.dtype, torch.float32})
