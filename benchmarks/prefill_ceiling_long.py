@@ -1,23 +1,29 @@
-"""Probe (GPU): which attention kernel serves long prompts fastest on this GPU? (issue 48)
+"""How fast can long prompts be prefilled on this GPU, and how fast does the engine do it? (GPU)
 
-Times, eagerly with CUDA events (every call here is >= ~1 ms of GPU work), in TFLOP/s:
+``prefill_ceiling.py``'s successor for long prompts (issue 48; RESULTS.md 7.4). Times, eagerly
+with CUDA events (every call here is >= ~1 ms of GPU work), in TFLOP/s:
 
 * ``env``: torch / cuDNN versions, which private SDPA ops exist, torch's flash implementations.
 * ``full``: causal prefill of one 8k / 32k / 128k sequence, Llama-3.2-3B heads (24/8/128):
   SDPA per backend (cuDNN, FlashAttention-2, memory-efficient), KV heads expanded or
   ``enable_gqa``, inputs contiguous or strided views of the ``[T, H, D]`` projections, the
-  private cuDNN op with its log-sum-exp; our Triton paged prefill over a block-16 cache.
+  private cuDNN op with its log-sum-exp; our Triton paged prefill over a block-16 cache; and
+  ``engine``: what the engine runs for such a row (``attention.long_prefill``, gather
+  included).
 * ``prefix``: a chunk of 8k / 16k new tokens after a cached prefix of 16k..120k tokens (the
   prefix in the paged pool): Triton paged; gather + SDPA with ``causal_lower_right``; split
-  (chunk vs itself, causal, + chunk vs the gathered prefix, no mask) merged by log-sum-exps.
+  (chunk vs itself, causal, + chunk vs the gathered prefix, no mask) merged by log-sum-exps;
+  ``engine``.
 * ``gemma``: the same at Gemma 3's heads (4/1/256), window 512 on the Triton kernel.
 * ``flex``: FlexAttention compile time and rate (8k causal; 8k over a 24k prefix).
 * ``decode``: split-KV counts for 16 x 32k and 1 x 128k decode rows (graph-replayed).
 
-Every row carries ``max_err`` against the Triton paged kernel's output on the same inputs.
-Each part catches its own errors; the probe stops starting new parts after ``--budget-s``.
+Every row carries ``max_err`` against the Triton paged kernel's output on the same inputs and
+``cold_ms``, its first call (compiles, cuDNN's plan for a new shape). Each part catches its
+own errors; the probe starts no new part after ``--budget-s``. ``--kinds`` keeps only some
+candidates (the others' rows are skipped). A table of each shape's best rates comes last.
 
-Usage: ``PYTHONPATH=src python benchmarks/long_prefill_probe.py --out DIR [--small]``
+Usage: ``PYTHONPATH=src python benchmarks/prefill_ceiling_long.py --out DIR [--small]``
 (``--small``: tiny shapes, float32, on any device, for a dry run; set TRITON_INTERPRET=1 on CPU).
 """
 
@@ -40,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infer.attention.long_prefill import LONG_ROW_TOKENS, long_prefill_attention
 from infer.attention.metadata import ScheduledSequence, build_metadata
 from infer.attention.triton_backend import paged_attention_triton
 
@@ -55,8 +62,9 @@ Call = Callable[[], Any]
 
 
 class Probe:
-    def __init__(self, out: Path, small: bool, budget_s: float) -> None:
+    def __init__(self, out: Path, small: bool, budget_s: float, kinds: set[str]) -> None:
         self.out = out
+        self.kinds = kinds  # candidates to time (all when empty; Triton's, the reference, always)
         self.small = small
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.float32 if small else torch.bfloat16
@@ -122,6 +130,8 @@ class Probe:
 
     def measure(self, flops: float, fn: Call, ref: Tensor | None, **row: Any) -> Tensor | None:
         """Time ``fn`` (output ``[T, H, D]``), emit its rate and error; errors become rows."""
+        if self.kinds and row["kind"] not in self.kinds and row["kind"] != "triton-paged":
+            return None
         try:
             self.sync()
             t0 = time.perf_counter()
@@ -164,12 +174,21 @@ class Case:
         self.table = table
         seq = ScheduledSequence(table.tolist(), prefix, [0] * chunk)
         self.meta = build_metadata([seq], BLOCK, dev)[1]
+        plan = build_metadata([seq], BLOCK, dev, LONG_ROW_TOKENS if not probe.small else 8)[1]
+        assert plan.long_prefill is not None
+        self.long_rows = plan.long_prefill.rows
         self.flops = 4 * num_heads * head_dim * (chunk * prefix + chunk * (chunk + 1) / 2)
 
     def triton(self, window: int = 0) -> Tensor:
         return paged_attention_triton(
             self.q, self.k_pool, self.v_pool, self.meta, self.scale, window
         )
+
+    def engine(self) -> Tensor:
+        """What the engine runs for this row (``attention.long_prefill``)."""
+        out = torch.empty_like(self.q)
+        long_prefill_attention(out, self.q, self.k_pool, self.v_pool, self.long_rows, self.scale)
+        return out
 
     def gather(self, upto: int) -> tuple[Tensor, Tensor]:
         """The first ``upto`` keys / values from the pool, ``[1, Hkv, upto, D]`` contiguous."""
@@ -323,6 +342,7 @@ def part_full(p: Probe, heads: tuple[int, int, int], sizes: list[int], label: st
         case = Case(p, heads, 0, p.k(n))
         base = {"part": label, "heads": "/".join(map(str, heads)), "prefix": 0, "chunk": case.chunk}
         ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
+        p.measure(case.flops, case.engine, ref, **base, kind="engine")
         sdpa_candidates(p, case, ref, base, f"{n}k")
         if heads == GEMMA:
             window = 512 if not p.small else 16
@@ -421,6 +441,7 @@ def part_prefix(p: Probe, heads: tuple[int, int, int], shapes: list[tuple[int, i
         base = {"part": label, "heads": "/".join(map(str, heads)), "prefix": case.prefix,
                 "chunk": case.chunk}  # fmt: skip
         ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
+        p.measure(case.flops, case.engine, ref, **base, kind="engine")
         prefix_candidates(p, case, ref, base)
         del case, ref
 
@@ -483,8 +504,9 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny float32 shapes (dry run)")
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--parts", default="env,full,prefix,decode,gemma,flex")
+    parser.add_argument("--kinds", default="", help="comma-separated candidates (default: all)")
     args = parser.parse_args()
-    p = Probe(args.out, args.small, args.budget_s)
+    p = Probe(args.out, args.small, args.budget_s, set(filter(None, args.kinds.split(","))))
     torch.manual_seed(0)
     parts = {
         "env": partial(part_env, p),
@@ -499,6 +521,31 @@ def main() -> None:
     for name in args.parts.split(","):
         p.part(name, parts[name])
     p.emit(part="done", elapsed_s=round(time.perf_counter() - p.start, 1))
+    table = summary(p.rows)
+    print(table)
+    (args.out / "table.md").write_text(table + "\n")
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per shape: the best TFLOP/s of each candidate, the engine's path last."""
+    best: dict[tuple[str, str, int, int], dict[str, float]] = {}
+    for row in rows:
+        if "tflops" not in row or "chunk" not in row:
+            continue
+        shape = (row["part"], row["heads"], row["prefix"], row["chunk"])
+        kind = row["kind"] + ("-window" if "window" in str(row.get("variant", "")) else "")
+        rates = best.setdefault(shape, {})
+        rates[kind] = max(rates.get(kind, 0.0), row["tflops"])
+    kinds = [*sorted({k for rates in best.values() for k in rates} - {"engine"}), "engine"]
+    kinds = [k for k in kinds if not k.startswith(("piece-", "cudnn-"))]
+    lines = [
+        "| heads | prefix | chunk | " + " | ".join(kinds) + " |",
+        "|---|---:|---:|" + "---:|" * len(kinds),
+    ]
+    for (_, heads, prefix, chunk), rates in best.items():
+        cells = [str(rates.get(k, "-")) for k in kinds]
+        lines.append(f"| {heads} | {prefix} | {chunk} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
