@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conftest import TINY_CONFIGS
 
 import infer.attention as attention_module
 import infer.attention.long_prefill as long_prefill_module
@@ -110,19 +111,12 @@ def test_sliding_window_layers_keep_the_triton_kernel() -> None:
     assert torch.equal(out, ref)
 
 
-LONG_CONFIG: dict[str, Any] = {
-    "model_type": "llama",
-    "vocab_size": 4096,
-    "hidden_size": 1024,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 4,
+# Llama's tiny test shapes, with Llama 3's head_dim and room for the prompts below.
+LONG_CONFIG = {
+    **TINY_CONFIGS["llama"],
     "num_attention_heads": 8,
-    "num_key_value_heads": 2,
     "head_dim": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
     "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
 }
 
 
@@ -140,7 +134,8 @@ def test_an_engine_with_the_fused_path_generates_what_one_without_it_generates(
         lambda *args, **kwargs: calls.append(len(args[4])) or fused(*args, **kwargs),
     )
     generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(10, 4096, (n,), generator=generator).tolist() for n in (6000, 3000)]
+    vocab = LONG_CONFIG["vocab_size"]
+    prompts = [torch.randint(10, vocab, (n,), generator=generator).tolist() for n in (6000, 3000)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
     def generate(**options: Any) -> list[list[int]]:
