@@ -1,7 +1,7 @@
 """Long prompt chunks through torch's fused attention; the rest of the step stays on Triton.
 
 The Triton prefill kernel reaches about half the rate of cuDNN's attention on an H100
-(RESULTS.md 7.3 and 7.4), and a chunk of thousands of tokens spends most of its step in
+(RESULTS.md 7.3 and 14), and a chunk of thousands of tokens spends most of its step in
 attention. Rows with at least ``LONG_ROW_TOKENS`` new tokens ("long rows") are taken out of
 the Triton kernels' row lists (a second ``row_order`` / ``row_counts``), and each runs here:
 
@@ -35,7 +35,7 @@ from infer.kernels.merge_attention import merge_attention
 if TYPE_CHECKING:
     from infer.attention.metadata import AttentionMetadata, HostBatch
 
-# Rows with this many new tokens or more take the fused path (RESULTS.md, 7.4).
+# Rows with this many new tokens or more take the fused path (RESULTS.md, 14).
 LONG_ROW_TOKENS = 1024
 
 
@@ -161,7 +161,7 @@ def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale:
     num_kv_heads = k.shape[0]
     group = num_heads // num_kv_heads
     q_heads = q.transpose(0, 1)[None]  # [1, H, C, D], a view
-    if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (RESULTS.md, 7.4)
+    if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (RESULTS.md, 14)
         own = F.scaled_dot_product_attention(
             q_heads, k[None], v[None], is_causal=True, scale=scale, enable_gqa=group > 1
         )

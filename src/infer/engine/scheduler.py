@@ -334,7 +334,7 @@ class Scheduler:
         of ``budget``. Small chunks serve the inter-token latency of decode rows and nothing
         else: with none, or for a sequence longer than ``long_prefill_threshold`` (whose
         small chunks would each read its growing context and leave its first token hundreds
-        of steps away), a chunk is as large as the budget (RESULTS.md, 6.6). A threshold of
+        of steps away), a chunk is as large as the budget (RESULTS.md, 14). A threshold of
         0 keeps every chunk at ``prefill_chunk_size``."""
         remaining = self._remaining(request)
         if remaining <= 1:
