@@ -6,7 +6,7 @@ attention. Rows with at least ``LONG_ROW_TOKENS`` new tokens ("long rows") are t
 the Triton kernels' row lists (a second ``row_order`` / ``row_counts``), and each runs here:
 
 * its keys and values, cached prefix and its own, are gathered from the paged pool into
-  contiguous ``[Hkv, L, D]`` tensors (one copy, a few percent of the attention's time);
+  contiguous ``[Hkv, L, D]`` tensors (``kernels.paged_gather``: one copy);
 * without a prefix: one causal call;
 * with one: the chunk against its own keys (causal) and against the prefix (no mask; the
   query heads that share a KV head are stacked as rows of one head, so no key is copied per
@@ -31,6 +31,7 @@ from torch import Tensor
 
 from infer.kernels.dispatch import triton_enabled
 from infer.kernels.merge_attention import merge_attention
+from infer.kernels.paged_gather import gather_kv
 
 if TYPE_CHECKING:
     from infer.attention.metadata import AttentionMetadata, HostBatch
@@ -139,20 +140,8 @@ def long_prefill_attention(
     for row in rows:
         end = row.start + row.length
         total = row.prefix + row.length
-        k = gather(k_cache, row.blocks, total, q.dtype, kv_scales[0])
-        v = gather(v_cache, row.blocks, total, q.dtype, kv_scales[1])
+        k, v = gather_kv(k_cache, v_cache, row.blocks, total, q.dtype, kv_scales)
         attend_row(out[row.start : end], q[row.start : end], k, v, row.prefix, scale)
-
-
-def gather(cache: Tensor, blocks: Tensor, length: int, dtype: torch.dtype, scale: float) -> Tensor:
-    """``[Hkv, length, D]``: the first ``length`` tokens of a sequence's blocks, contiguous
-    per head, in ``dtype`` (an FP8 cache's values times ``scale``)."""
-    heads, dim = cache.shape[1], cache.shape[3]
-    picked = cache.transpose(0, 1).index_select(1, blocks)  # [Hkv, W, BS, D], one copy
-    flat = picked.view(heads, -1, dim)[:, :length]
-    if flat.dtype != dtype:
-        flat = flat.to(dtype) * scale if scale != 1.0 else flat.to(dtype)
-    return flat
 
 
 def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float) -> None:

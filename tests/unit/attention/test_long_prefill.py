@@ -11,7 +11,6 @@ import torch
 from infer.attention import ScheduledSequence, build_metadata
 from infer.attention.long_prefill import (
     attention_with_lse_torch,
-    gather,
     long_prefill_attention,
     takes_long_path,
     workspace_bytes,
@@ -19,7 +18,6 @@ from infer.attention.long_prefill import (
 from infer.attention.metadata import AttentionMetadata
 from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
-from infer.kernels.fp8 import FP8
 from infer.kernels.paged_attention import TileConfig
 
 BLOCK = 16
@@ -113,18 +111,6 @@ def test_the_triton_view_alone_leaves_long_rows_unwritten() -> None:
     triton = paged_attention_triton(q, k, v, meta.long_prefill.rest, 32**-0.5)
     out[:1] = triton[:1]
     torch.testing.assert_close(out[:1], reference(q, k, v, meta)[:1], atol=1e-4, rtol=1e-4)
-
-
-def test_gather_lays_a_sequence_end_to_end_and_dequantises_fp8() -> None:
-    cache = torch.randn(6, 2, BLOCK, 8)
-    blocks = torch.tensor([4, 1, 3])
-    out = gather(cache, blocks, 40, torch.float32, 1.0)
-    assert out.shape == (2, 40, 8)
-    expected = torch.cat([cache[4], cache[1], cache[3]], dim=1)[:, :40]
-    torch.testing.assert_close(out, expected)
-    fp8 = (cache / 2).to(FP8)
-    scaled = gather(fp8, blocks, 40, torch.float32, 2.0)
-    torch.testing.assert_close(scaled, expected, atol=0.25, rtol=0.07)
 
 
 def test_attention_with_lse_aligns_the_causal_mask_to_the_last_key() -> None:
