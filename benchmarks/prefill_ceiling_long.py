@@ -1,6 +1,6 @@
 """How fast can long prompts be prefilled on this GPU, and how fast does the engine do it? (GPU)
 
-``prefill_ceiling.py``'s successor for long prompts (issue 48; RESULTS.md 7.4). Times, eagerly
+``prefill_ceiling.py``'s successor for long prompts (issue 48; RESULTS.md 14). Times, eagerly
 with CUDA events (every call here is >= ~1 ms of GPU work), in TFLOP/s:
 
 * ``env``: torch / cuDNN versions, which private SDPA ops exist, torch's flash implementations.
@@ -49,6 +49,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from infer.attention.long_prefill import LONG_ROW_TOKENS, long_prefill_attention
 from infer.attention.metadata import ScheduledSequence, build_metadata
 from infer.attention.triton_backend import paged_attention_triton
+from infer.kernels.paged_gather import gather_kv
 
 LLAMA = (24, 8, 128)
 GEMMA = (4, 1, 256)
@@ -362,6 +363,9 @@ def prefix_candidates(p: Probe, case: Case, ref: Tensor | None, base: dict[str, 
     bytes_kv = 2 * case.total * num_kv_heads * head_dim * case.q.element_size()
     ms = p.time_ms(partial(case.gather, case.total))
     p.emit(**base, kind="gather", ms=round(ms, 3), gb_s=round(2 * bytes_kv / ms / 1e6, 1))
+    blocks = case.long_rows[0].blocks  # the engine's gather (one Triton pass on a GPU)
+    ms = p.time_ms(partial(gather_kv, case.k_pool, case.v_pool, blocks, case.total, case.q.dtype))
+    p.emit(**base, kind="gather-engine", ms=round(ms, 3), gb_s=round(2 * bytes_kv / ms / 1e6, 1))
     k_full, v_full = case.gather(case.total)
     q_c = bhsd(case.q).contiguous()
     for name, backend in BACKENDS.items():
