@@ -40,9 +40,9 @@ fi
 if [[ $parts == *,ab,* ]]; then
   # A step budget of 16,384 tokens (a 16k prompt in one step beside decode rows)...
   bench budget16k 300 --workload long_mix,burst256,long_decode --max-num-batched-tokens 16384
-  # ...and the policy and kernel before issue 48 on the 8k and 32k prompts (attribution).
-  bench before 200 --workload long_prompt --num-requests 2 --long-prefill-threshold 0 \
-    --no-sdpa-prefill
+  # ...chunked_prefill unchunked (its P99 ITL must stay 2x below)...
+  bench unchunked 200 --workload chunked_prefill --no-chunked-prefill
+  # ...and the new chunk policy with the Triton kernel alone (attribution).
   bench policy-only 200 --workload long_prompt --no-sdpa-prefill
 fi
 echo "=== done in $((SECONDS - start)) s; results in $out/"
