@@ -156,3 +156,36 @@ def test_an_engine_with_the_fused_path_generates_what_one_without_it_generates(
     assert calls == []
     assert generate() == reference
     assert calls  # the fused path ran
+
+
+def test_a_decode_step_with_a_long_row_replays_what_the_eager_step_computes(
+    tmp_path: Any,
+) -> None:
+    """Eleven short rows and one of 6,000 tokens: the decode graph that splits keys more
+    (the long variant of its size) gives the eager step's logits."""
+    (tmp_path / "config.json").write_text(json.dumps(LONG_CONFIG))
+    llm = LLM(
+        str(tmp_path), load_format="dummy", dtype="bfloat16", num_gpu_blocks=1024,
+        max_seq_len=8192, max_batch_size=16,
+    )  # fmt: skip
+    try:
+        graphs, model = llm.engine.runner.graphs, llm.engine.model
+        block_size = llm.engine.pool.block_size
+        blocks = iter(range(1, 1024))
+
+        def seq(context: int) -> ScheduledSequence:
+            table = [next(blocks) for _ in range(-(-(context + 1) // block_size))]
+            return ScheduledSequence(table, context, [7])
+
+        seqs = [seq(100 + 37 * i) for i in range(11)] + [seq(6000)]
+        assert graphs is not None
+        with torch.inference_mode():
+            input_ids, meta = build_metadata(seqs, block_size, llm.engine.device)
+            eager = model.compute_logits(model(input_ids, meta))
+            bucket = graphs.bucket_for(seqs)
+            assert bucket is not None and bucket.long
+            replayed = graphs.run(seqs)
+            assert replayed is not None
+        torch.testing.assert_close(replayed.float(), eager.float(), atol=5e-2, rtol=5e-2)
+    finally:
+        llm.engine.close()
