@@ -245,6 +245,12 @@ def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
     )
 
 
+# Tokens a step by default, and for a step with a long prompt's chunk (RESULTS.md, 14): a 16k
+# prompt then takes one step beside decode rows, as in vLLM's offline default.
+DEFAULT_STEP_TOKENS = 8192
+LONG_PREFILL_STEP_TOKENS = 16384
+
+
 @dataclass
 class EngineConfig:
     """Every engine option; each optimisation is a flag (CLI: ``--kebab-case`` of the name).
@@ -520,10 +526,19 @@ class EngineConfig:
 
     def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:
         """Per-step token budget; without chunking a whole prompt must fit in one step."""
-        budget = self.max_num_batched_tokens or 8192
+        budget = self.max_num_batched_tokens or DEFAULT_STEP_TOKENS
         if not self.use_chunked_prefill:
             budget = max(budget, max_seq_len)
         return max(budget, self.max_batch_size if self.batching_mode == "continuous" else 1)
+
+    def resolved_long_prefill_step_tokens(self, max_seq_len: int) -> int:
+        """The budget of a step that carries a long prompt's chunk (a sequence longer than
+        ``long_prefill_threshold``): ``LONG_PREFILL_STEP_TOKENS`` unless
+        ``max_num_batched_tokens`` was given (then that, for every step)."""
+        budget = self.resolved_max_num_batched_tokens(max_seq_len)
+        if self.max_num_batched_tokens is not None or self.long_prefill_threshold == 0:
+            return budget
+        return max(budget, LONG_PREFILL_STEP_TOKENS)
 
     def blocks_per_contiguous_slot(self, max_seq_len: int) -> int:
         return math.ceil(max_seq_len / self.block_size)

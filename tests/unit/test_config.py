@@ -437,3 +437,15 @@ def test_explicit_contradictions_name_both_flags(
 ) -> None:
     with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
         EngineConfig(**options)
+
+
+def test_a_long_prompts_step_budget_is_16384_unless_the_budget_was_given() -> None:
+    config = EngineConfig(device="cpu")
+    assert config.resolved_max_num_batched_tokens(131072) == 8192
+    assert config.resolved_long_prefill_step_tokens(131072) == 16384
+    given = EngineConfig(device="cpu", max_num_batched_tokens=4096)
+    assert given.resolved_long_prefill_step_tokens(131072) == 4096
+    fixed = EngineConfig(device="cpu", long_prefill_threshold=0)  # the fixed-chunk policy
+    assert fixed.resolved_long_prefill_step_tokens(131072) == 8192
+    with pytest.raises(ValueError, match="^long_prefill_threshold: must be >= 0"):
+        EngineConfig(device="cpu", long_prefill_threshold=-1)
