@@ -2,17 +2,19 @@
 # Issue 48 on one GPU, in parts that each stop at their own time limit: the fused-path GPU
 # tests, the long-prompt kernel ceiling (prefill_ceiling_long.py, the engine's path among the
 # candidates), then `infer bench offline` on llama-3.2-3b (dummy weights): the long-context
-# workloads and the two whose speed must not move, at the defaults and in A/B variants.
-# Results (JSON, logs) go to $OUT/longctx (or benchmarks/results/long-context-<date>), with a
-# summary table of every offline run last. Run from the repository root:
-#   benchmarks/long_context_suite.sh [PARTS]     # PARTS: tests,ceiling,offline,ab (default: all)
+# workloads in one engine, the workloads whose speed must not move in another (and
+# chunked_prefill unchunked, for its 2x), and A/B variants. Results (JSON, logs) go to
+# $OUT/longctx (or benchmarks/results/long-context-<date>), with a summary table of every
+# offline run last. Run from the repository root:
+#   benchmarks/long_context_suite.sh [PARTS]   # PARTS: tests,ceiling,long,short,ab
+#                                              # (default: tests,ceiling,long,short)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
 out="${OUT:+$OUT/longctx}"
 out="${out:-benchmarks/results/long-context-$(date -u +%Y-%m-%dT%H%M%SZ)}"
 mkdir -p "$out"
-parts=",${1:-tests,ceiling,offline,ab},"
+parts=",${1:-tests,ceiling,long,short},"
 start=$SECONDS
 bench() {  # NAME LIMIT_S FLAGS...: one engine, its workloads, one JSON each
   local name=$1 limit=$2
@@ -34,16 +36,17 @@ if [[ $parts == *,ceiling,* ]]; then
     > "$out/ceiling.log" 2>&1
   tail -n 20 "$out/ceiling.log"
 fi
-if [[ $parts == *,offline,* ]]; then
-  bench defaults 420 --workload long_prompt,long_decode,long_mix,chunked_prefill,burst256,single
+if [[ $parts == *,long,* ]]; then
+  bench long 420 --workload long_mix,long_prompt,long_decode
+fi
+if [[ $parts == *,short,* ]]; then
+  bench short 300 --workload chunked_prefill,burst256,single
+  bench unchunked 200 --workload chunked_prefill --no-chunked-prefill
 fi
 if [[ $parts == *,ab,* ]]; then
-  # A step budget of 16,384 tokens (a 16k prompt in one step beside decode rows)...
-  bench budget16k 300 --workload long_mix,burst256,long_decode --max-num-batched-tokens 16384
-  # ...chunked_prefill unchunked (its P99 ITL must stay 2x below)...
-  bench unchunked 200 --workload chunked_prefill --no-chunked-prefill
-  # ...and the new chunk policy with the Triton kernel alone (attribution).
-  bench policy-only 200 --workload long_prompt --no-sdpa-prefill
+  # 8,192 tokens for every step (before ca97d13), and the Triton kernel alone (attribution)
+  bench budget8k 300 --workload long_mix,long_prompt --max-num-batched-tokens 8192
+  bench triton-only 200 --workload long_prompt --no-sdpa-prefill
 fi
 echo "=== done in $((SECONDS - start)) s; results in $out/"
 python3 - "$out/offline" <<'PY' | tee "$out/summary.md"
