@@ -536,7 +536,8 @@ class EngineConfig:
         ``long_prefill_threshold``): ``LONG_PREFILL_STEP_TOKENS`` unless
         ``max_num_batched_tokens`` was given (then that, for every step)."""
         budget = self.resolved_max_num_batched_tokens(max_seq_len)
-        if self.max_num_batched_tokens is not None or self.long_prefill_threshold == 0:
+        fixed = self.max_num_batched_tokens is not None or self.long_prefill_threshold == 0
+        if fixed or not self.use_chunked_prefill:
             return budget
         return max(budget, LONG_PREFILL_STEP_TOKENS)
 

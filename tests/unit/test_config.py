@@ -447,5 +447,7 @@ def test_a_long_prompts_step_budget_is_16384_unless_the_budget_was_given() -> No
     assert given.resolved_long_prefill_step_tokens(131072) == 4096
     fixed = EngineConfig(device="cpu", long_prefill_threshold=0)  # the fixed-chunk policy
     assert fixed.resolved_long_prefill_step_tokens(131072) == 8192
-    with pytest.raises(ValueError, match="^long_prefill_threshold: must be >= 0"):
+    whole = EngineConfig(device="cpu", use_chunked_prefill=False)  # a whole prompt a step
+    assert whole.resolved_long_prefill_step_tokens(4096) == 8192
+    with pytest.raises(ValueError, match=r"^long_prefill_threshold: must be >= 0"):
         EngineConfig(device="cpu", long_prefill_threshold=-1)

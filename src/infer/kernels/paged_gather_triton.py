@@ -38,13 +38,9 @@ def _gather_kernel(
 
 
 def gather_kv_triton(
-    k_cache: Tensor,
-    v_cache: Tensor,
-    blocks: Tensor,
-    length: int,
-    dtype: torch.dtype,
-    scales: tuple[float, float] = (1.0, 1.0),
-) -> tuple[Tensor, Tensor]:
+    k_cache: Tensor, v_cache: Tensor, blocks: Tensor, length: int, dtype: torch.dtype,
+    scales: tuple[float, float],
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``paged_gather.gather_kv`` on the GPU (a power-of-two block size and head_dim)."""
     _, heads, block_size, dim = k_cache.shape
     k_out = torch.empty(heads, length, dim, dtype=dtype, device=k_cache.device)
