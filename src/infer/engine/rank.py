@@ -19,6 +19,7 @@ from infer.distributed.group import ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.runner import ModelRunner
+from infer.engine.scheduler import LONG_CHUNK_ALIGN
 from infer.engine.warmup import warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
 from infer.loader import ModelSource, load_model
@@ -62,7 +63,17 @@ def build_rank(
     long_rows = long_rows_from(config.use_sdpa_prefill, device)
     runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group, long_rows)
     if device.type == "cuda":
-        warm_up_kernels(model, pool, device, max_seq_len, long_rows)
+        chunks = _long_chunks(config, max_seq_len)
+        warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
     if graphs is not None:
         graphs.capture()  # with NCCL, each graph holds its forward's all-reduces
     return RankState(model, pool, runner, max_seq_len)
+
+
+def _long_chunks(config: EngineConfig, max_seq_len: int) -> tuple[int, ...]:
+    """A long prompt's usual chunks: a whole long-prompt step, and one less the alignment
+    (beside decode rows); none under the fixed-chunk policy."""
+    if config.long_prefill_threshold == 0 or not config.use_chunked_prefill:
+        return ()
+    step = config.resolved_long_prefill_step_tokens(max_seq_len)
+    return (step, step - LONG_CHUNK_ALIGN)

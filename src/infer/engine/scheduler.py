@@ -50,6 +50,8 @@ from infer.engine.speculation import (
 
 # A request in this many failed steps is failed, even where it never failed alone.
 MAX_FAILED_STEPS = 3
+# A long prompt's chunks short of its end are whole multiples of this many tokens.
+LONG_CHUNK_ALIGN = 1024
 
 
 class QueueFullError(RuntimeError):
@@ -355,7 +357,12 @@ class Scheduler:
             return remaining if remaining <= room else 0
         threshold = self.config.long_prefill_threshold
         if threshold > 0 and request.num_tokens > threshold:
-            return min(remaining, max(budget + self.long_overdraft - reserved, 0))
+            room = max(budget + self.long_overdraft - reserved, 0)
+            if room >= remaining:
+                return remaining
+            # Whole multiples of LONG_CHUNK_ALIGN: cuDNN plans each attention shape on the
+            # host (~60 ms, RESULTS.md 14.3), and aligned chunks meet the shapes seen before.
+            return room - room % LONG_CHUNK_ALIGN if room >= LONG_CHUNK_ALIGN else room
         if threshold > 0 and decodes == 0:
             return min(remaining, room)
         size = self.config.prefill_chunk_size

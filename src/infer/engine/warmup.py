@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -20,12 +21,14 @@ def warm_up_kernels(
     device: torch.device,
     max_seq_len: int,
     long_rows_from: int = 0,
+    long_chunks: Sequence[int] = (),
 ) -> None:
     """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step, a
     chunk over a long context (the other prefill tile) and, with ``long_rows_from``, a long
-    chunk after a prefix beside a decode row (the fused path and its merge): a first-use
-    compile would otherwise stall the first requests for seconds. Their K/V writes land in
-    blocks that are all still free."""
+    chunk after a prefix beside a decode row (the fused path and its merge), then each of
+    ``long_chunks`` alone and after a prefix (cuDNN's plans for the usual long chunks): a
+    first use would otherwise stall the first requests for seconds, or a long prompt's first
+    token for ~60 ms a shape. Their K/V writes land in blocks that are all still free."""
     from infer.kernels.paged_attention import SHORT_PREFILL_LEN  # triton: GPU installs only
 
     block_size = pool.block_size
@@ -42,12 +45,19 @@ def warm_up_kernels(
     ]
     if max_seq_len > SHORT_PREFILL_LEN + 2:
         batches.append([sequence(SHORT_PREFILL_LEN, 2)])
-    if long_rows_from and max_seq_len > long_rows_from + block_size:
-        batches.append([sequence(block_size, long_rows_from), sequence(block_size, 1)])
     for batch in batches:
-        input_ids, meta = build_metadata(batch, block_size, device, long_rows_from)
+        input_ids, meta = build_metadata(batch, block_size, device)
         logits = model.compute_logits(model(input_ids, meta))
         logits.argmax(-1)
+    long = []  # (their hidden states are enough: all the logits of 16k tokens take GBs)
+    if long_rows_from and max_seq_len > long_rows_from + block_size:
+        long.append([sequence(block_size, long_rows_from), sequence(block_size, 1)])
+    for chunk, prefix in itertools.product(long_chunks, (0, long_rows_from)):
+        if long_rows_from and chunk >= long_rows_from and prefix + chunk <= max_seq_len:
+            long.append([sequence(prefix, chunk)])
+    for batch in long:
+        input_ids, meta = build_metadata(batch, block_size, device, long_rows_from)
+        model(input_ids, meta)
     _warm_up_sampler(model.config.vocab_size, device, {logits.dtype, torch.float32})
     torch.cuda.synchronize(device)
 

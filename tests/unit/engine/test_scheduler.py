@@ -179,7 +179,8 @@ def test_a_long_prompt_ahead_of_decode_rows_leaves_them_their_tokens() -> None:
 
 def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
     """At the default budget (8,192 tokens a step), a long prompt's chunk may take 16,384
-    less the step's decode rows; nothing else joins such a step."""
+    less the step's decode rows, in whole thousands (1,024) short of its end; nothing else
+    joins such a step."""
     config = EngineConfig(device="cpu", use_prefix_caching=False, long_prefill_threshold=9000)
     scheduler = Scheduler(config, _pool(50_000), max_seq_len=40_000)
     scheduler.add_request(_request("decoding", 3))
@@ -187,10 +188,10 @@ def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
     for name, length in (("long", 20_000), ("short", 8_000)):
         scheduler.add_request(_request(name, length))
     first = scheduler.schedule()
-    assert _names(first) == [("decoding", 1), ("long", 16_383)]
+    assert _names(first) == [("decoding", 1), ("long", 15 * 1024)]
     _run(scheduler, first)
     # the rest of the long prompt (a long sequence still), then the short one's 384
-    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 3_617), ("short", 384)]
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 4_640), ("short", 384)]
 
 
 def test_a_zero_long_prefill_threshold_keeps_every_chunk_small() -> None:
