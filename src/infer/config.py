@@ -254,6 +254,12 @@ def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
     )
 
 
+# Tokens a step by default, and for a step with a long prompt's chunk (RESULTS.md, 14): a 16k
+# prompt then takes one step beside decode rows, as in vLLM's offline default.
+DEFAULT_STEP_TOKENS = 8192
+LONG_PREFILL_STEP_TOKENS = 16384
+
+
 @dataclass
 class EngineConfig:
     """Every engine option; each optimisation is a flag (CLI: ``--kebab-case`` of the name).
@@ -285,11 +291,13 @@ class EngineConfig:
     admission_reserve: float = 0.2
     use_chunked_prefill: bool | None = None  # on; off when static
     prefill_chunk_size: int = 384
+    long_prefill_threshold: int = 4096
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     max_graph_tokens: int = 2048
     use_warm_up: bool | None = None  # the first traffic rehearsed before ready; on with CUDA
+    use_sdpa_prefill: bool = True
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
@@ -398,6 +406,11 @@ class EngineConfig:
             self.prefill_chunk_size >= 1,
             "prefill_chunk_size",
             f"must be >= 1, got {self.prefill_chunk_size}",
+        )
+        _check(
+            self.long_prefill_threshold >= 0,
+            "long_prefill_threshold",
+            f"must be >= 0, got {self.long_prefill_threshold}",
         )
         _check(
             self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
@@ -552,10 +565,20 @@ class EngineConfig:
 
     def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:
         """Per-step token budget; without chunking a whole prompt must fit in one step."""
-        budget = self.max_num_batched_tokens or 8192
+        budget = self.max_num_batched_tokens or DEFAULT_STEP_TOKENS
         if not self.use_chunked_prefill:
             budget = max(budget, max_seq_len)
         return max(budget, self.max_batch_size if self.batching_mode == "continuous" else 1)
+
+    def resolved_long_prefill_step_tokens(self, max_seq_len: int) -> int:
+        """The budget of a step that carries a long prompt's chunk (a sequence longer than
+        ``long_prefill_threshold``): ``LONG_PREFILL_STEP_TOKENS`` unless
+        ``max_num_batched_tokens`` was given (then that, for every step)."""
+        budget = self.resolved_max_num_batched_tokens(max_seq_len)
+        fixed = self.max_num_batched_tokens is not None or self.long_prefill_threshold == 0
+        if fixed or not self.use_chunked_prefill:
+            return budget
+        return max(budget, LONG_PREFILL_STEP_TOKENS)
 
     def blocks_per_contiguous_slot(self, max_seq_len: int) -> int:
         return math.ceil(max_seq_len / self.block_size)

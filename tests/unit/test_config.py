@@ -465,3 +465,17 @@ def test_the_warm_up_is_on_with_cuda_unless_set(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert EngineConfig(device="cuda").warm_up_enabled
     assert not EngineConfig(device="cuda", use_warm_up=False).warm_up_enabled
+
+
+def test_a_long_prompts_step_budget_is_16384_unless_the_budget_was_given() -> None:
+    config = EngineConfig(device="cpu")
+    assert config.resolved_max_num_batched_tokens(131072) == 8192
+    assert config.resolved_long_prefill_step_tokens(131072) == 16384
+    given = EngineConfig(device="cpu", max_num_batched_tokens=4096)
+    assert given.resolved_long_prefill_step_tokens(131072) == 4096
+    fixed = EngineConfig(device="cpu", long_prefill_threshold=0)  # the fixed-chunk policy
+    assert fixed.resolved_long_prefill_step_tokens(131072) == 8192
+    whole = EngineConfig(device="cpu", use_chunked_prefill=False)  # a whole prompt a step
+    assert whole.resolved_long_prefill_step_tokens(4096) == 8192
+    with pytest.raises(ValueError, match=r"^long_prefill_threshold: must be >= 0"):
+        EngineConfig(device="cpu", long_prefill_threshold=-1)

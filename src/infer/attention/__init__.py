@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from infer.attention.long_prefill import long_prefill_attention, takes_long_path
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch, write_kv_planned
 from infer.kernels.dispatch import use_triton
@@ -37,6 +39,15 @@ def attend(
         rope_and_write_kv_triton(
             q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping, kv_scales
         )
+        long = meta.long_prefill
+        if long is not None and takes_long_path(q, sliding_window):
+            rest = long.rest
+            if rest is None:
+                out = torch.empty_like(q)
+            else:
+                out = paged_attention_triton(q, k_cache, v_cache, rest, scale, kv_scales=kv_scales)
+            long_prefill_attention(out, q, k_cache, v_cache, long.rows, scale, kv_scales)
+            return out
         return paged_attention_triton(
             q, k_cache, v_cache, meta, scale, sliding_window, kv_scales=kv_scales
         )

@@ -27,9 +27,14 @@ _HELP = {
     "num_gpu_blocks": "KV cache blocks (default: sized from free memory)",
     "max_seq_len": "prompt + output (default: the model's context, or what the KV cache holds)",
     "use_cuda_graphs": "replay steps from captured CUDA graphs (default: on with CUDA)",
+    "long_prefill_threshold": "prompts take chunks as large as the step's token budget when "
+    "nothing decodes, or beside decoding requests when longer than this; others take "
+    "--prefill-chunk-size (0: every chunk that size)",
     "max_graph_tokens": "largest step with prompt tokens that replays a graph (0: decode only)",
     "use_warm_up": "before saying it is ready, run once the steps first traffic runs (every "
     "sampling kind, prompt lengths, batch sizes), so none compiles then (default: on with CUDA)",
+    "use_sdpa_prefill": "long prompt chunks through torch's fused attention (cuDNN) instead of "
+    "the Triton kernel, in steps that run eagerly on a GPU (default: on)",
     "use_launch_pacing": "with async scheduling, queue the next step just before the one in "
     "flight ends, so requests arriving meanwhile join it (default: on)",
     "quantization": "fp8: FP8 weights with per-channel scales, activations per token "

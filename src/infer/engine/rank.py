@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.attention.long_prefill import long_rows_from
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import ParallelGroup
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.memory import KVCacheBuilder
 from infer.engine.runner import ModelRunner
+from infer.engine.scheduler import LONG_CHUNK_ALIGN
 from infer.engine.start_up_log import start_up_part
 from infer.engine.warmup import SAMPLER_PART, SamplerWarmUp, warm_up_kernels
 from infer.kernels.dispatch import triton_enabled
@@ -71,10 +73,12 @@ def build_rank(
             graphs = CUDAGraphRunner(
                 model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device
             )
-        runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group)
+        long_rows = long_rows_from(config.use_sdpa_prefill, device)
+        runner = ModelRunner(model, pool, storage, device, max_seq_len, graphs, group, long_rows)
         if device.type == "cuda":
             with start_up_part(f"{source.name}: warm up the step kernels", log=log):
-                warm_up_kernels(model, pool, device, max_seq_len)
+                chunks = _long_chunks(config, max_seq_len)
+                warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
     except BaseException:
         if sampler is not None:
             sampler.abandon()
@@ -88,3 +92,12 @@ def build_rank(
         ):  # with NCCL, each graph holds its forward's all-reduces
             graphs.capture()
     return RankState(model, pool, runner, max_seq_len)
+
+
+def _long_chunks(config: EngineConfig, max_seq_len: int) -> tuple[int, ...]:
+    """A long prompt's usual chunks: a whole long-prompt step, and one less the alignment
+    (beside decode rows); none under the fixed-chunk policy."""
+    if config.long_prefill_threshold == 0 or not config.use_chunked_prefill:
+        return ()
+    step = config.resolved_long_prefill_step_tokens(max_seq_len)
+    return (step, step - LONG_CHUNK_ALIGN)

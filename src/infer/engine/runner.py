@@ -102,7 +102,10 @@ class ModelRunner:
         max_seq_len: int,
         graphs: CUDAGraphRunner | None = None,
         group: ParallelGroup = SINGLE,
+        long_rows_from: int = 0,
     ) -> None:
+        """``long_rows_from``: eager steps' rows with this many new tokens or more take the
+        fused attention path (``attention.long_prefill``; 0: none)."""
         self.model = model
         self.group = group
         self.pool = pool
@@ -112,6 +115,7 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
         self.graphed = False  # whether the last step ran in a captured graph (dashboard)
+        self.long_rows_from = long_rows_from
         model.bind_kv_cache(storage.k, storage.v)
 
     def launch(
@@ -241,7 +245,9 @@ class ModelRunner:
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
         self.graphed = out is not None
         if out is None:
-            host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
+            host_ids, meta = build_metadata(
+                sequences, self.pool.block_size, self.device, self.long_rows_from
+            )
             out = self.model(host_ids if input_ids is None else input_ids, meta)
             if decode:
                 out = self.model.compute_logits(out)

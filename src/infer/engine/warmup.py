@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -25,12 +26,19 @@ SAMPLER_PART = "wait for the sampling kernels (compiled beside the loading)"
 
 @torch.inference_mode()
 def warm_up_kernels(
-    model: DecoderModel, pool: CachePoolProtocol, device: torch.device, max_seq_len: int
+    model: DecoderModel,
+    pool: CachePoolProtocol,
+    device: torch.device,
+    max_seq_len: int,
+    long_rows_from: int = 0,
+    long_chunks: Sequence[int] = (),
 ) -> None:
-    """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step and
-    a chunk over a long context (the other prefill tile): a first-use compile would otherwise
-    stall the first requests for seconds. Their K/V writes land in blocks that are all still
-    free."""
+    """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step, a
+    chunk over a long context (the other prefill tile) and, with ``long_rows_from``, a long
+    chunk after a prefix beside a decode row (the fused path and its merge), then each of
+    ``long_chunks`` alone and after a prefix (cuDNN's plans for the usual long chunks): a
+    first use would otherwise stall the first requests for seconds, or a long prompt's first
+    token for ~60 ms a shape. Their K/V writes land in blocks that are all still free."""
     from infer.kernels.paged_attention import SHORT_PREFILL_LEN  # triton: GPU installs only
 
     block_size = pool.block_size
@@ -51,6 +59,15 @@ def warm_up_kernels(
         input_ids, meta = build_metadata(batch, block_size, device)
         logits = model.compute_logits(model(input_ids, meta))
         logits.argmax(-1)
+    long = []  # (their hidden states are enough: all the logits of 16k tokens take GBs)
+    if long_rows_from and max_seq_len > long_rows_from + block_size:
+        long.append([sequence(block_size, long_rows_from), sequence(block_size, 1)])
+    for chunk, prefix in itertools.product(long_chunks, (0, long_rows_from)):
+        if long_rows_from and chunk >= long_rows_from and prefix + chunk <= max_seq_len:
+            long.append([sequence(prefix, chunk)])
+    for batch in long:
+        input_ids, meta = build_metadata(batch, block_size, device, long_rows_from)
+        model(input_ids, meta)
     torch.cuda.synchronize(device)
 
 
