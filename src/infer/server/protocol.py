@@ -667,8 +667,14 @@ class ChatCompletionRequest(SamplingRequest, Conversation):
             }
             for t in tools
         ]
-        single = {"maxItems": 1} if self.parallel_tool_calls is False else {}
-        return {"type": "array", "minItems": 1, **single, "items": {"anyOf": calls}}
+        limit = self.tool_call_limit
+        most = {} if limit is None else {"maxItems": limit}
+        return {"type": "array", "minItems": 1, **most, "items": {"anyOf": calls}}
+
+    @property
+    def tool_call_limit(self) -> int | None:
+        """The most tool calls a choice returns (None: any number)."""
+        return 1 if self.parallel_tool_calls is False else None
 
     @property
     def requested_max_tokens(self) -> int | None:

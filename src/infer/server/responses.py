@@ -393,7 +393,7 @@ class ResponsesServing(ChatServing):
                 self._text_delta(ctx, state, state.message, kind, part.content, logprobs=[])
             )
         for call in part.tool_calls or []:
-            if call.id is not None:  # a new call (each comes whole, but a named one's)
+            if call.id is not None:  # a new call: its name first, then its arguments
                 state.calls.append(
                     OutputFunctionCall(
                         id=_item_id("fc"),
@@ -404,16 +404,17 @@ class ResponsesServing(ChatServing):
                     )
                 )
                 events.append(self._item_added(ctx, state, state.calls[-1]))
-            current = state.calls[-1]
-            current.arguments += call.function.arguments or ""
-            events.append(
-                self._event(
-                    ctx,
-                    "response.function_call_arguments.delta",
-                    **self._at(state, current),
-                    delta=call.function.arguments or "",
+            current = state.calls[call.index]
+            if call.function.arguments:
+                current.arguments += call.function.arguments
+                events.append(
+                    self._event(
+                        ctx,
+                        "response.function_call_arguments.delta",
+                        **self._at(state, current),
+                        delta=call.function.arguments,
+                    )
                 )
-            )
         return "".join(events) or None
 
     def stream_end(self, ctx: Context) -> list[str]:
