@@ -162,7 +162,7 @@ class ChatServing(OpenAIServing):
     def _reasoning(self, request: ChatCompletionRequest) -> Reasoning | None:
         if self.reasoning_parser is None:
             return None
-        return Reasoning(self.reasoning_parser.thinks(request.chat_template_kwargs or {}))
+        return Reasoning(self.reasoning_parser.thinks(request.template_args().kwargs))
 
     def _template(self) -> str | None:
         tokenizer = self.engine.prompts.tokenizer
