@@ -624,6 +624,18 @@ class FunctionDefinition(_Request):
     strict: bool | None = None
 
 
+def only_function_tools(tool: Any) -> Any:
+    """A tool of another type (OpenAI's custom or built-in tools) is refused by its type."""
+    kind = tool.get("type") if isinstance(tool, dict) else "function"
+    if kind != "function":
+        raise PydanticCustomError(
+            "unsupported_tool",
+            "{kind} tools are not supported (this server calls function tools only)",
+            {"kind": kind},
+        )
+    return tool
+
+
 class Tool(_Request):
     type: Literal["function"]
     function: FunctionDefinition
@@ -643,7 +655,7 @@ class Conversation(_Counted):
     chat completions and ``/tokenize`` take the same fields."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
+    tools: list[Annotated[Tool, BeforeValidator(only_function_tools)]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from infer.engine.request import RequestOutput
 from infer.server.chat import ChatServing
@@ -43,6 +43,7 @@ from infer.server.protocol import (
     _Lenient,
     _Request,
     _Response,
+    only_function_tools,
 )
 from infer.server.serving import Context
 from infer.server.sse import dumps
@@ -178,7 +179,7 @@ class ResponsesRequest(OpenAIHints):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[FunctionTool] | None = None
+    tools: list[Annotated[FunctionTool, BeforeValidator(only_function_tools)]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(None, ge=0)

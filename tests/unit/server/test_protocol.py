@@ -329,6 +329,7 @@ CHAT_REFUSED: dict[str, tuple[Any, str]] = {
     "store": (True, "stored completions are not supported"),
     "verbosity": ("low", "no verbosity setting"),
     "web_search_options": ({}, "web search is not supported"),
+    "tools": ([{"type": "custom", "custom": {"name": "f"}}], "custom tools are not supported"),
 }
 
 

@@ -43,6 +43,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "moderation": ({"model": "omni-moderation-latest"}, "no moderation model"),
     "store": (True, "keeps no responses"),
     "text": ({"verbosity": "high"}, "no verbosity setting"),
+    "tools": ([{"type": "web_search"}], "web_search tools are not supported"),
 }
 
 
