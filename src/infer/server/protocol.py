@@ -91,6 +91,10 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "modalities": Unsupported("only text output is supported", (["text"],)),
     "audio": Unsupported("audio output is not supported"),
     "store": Unsupported("stored completions are not supported", (False,)),
+    # Taken by chat completions and the Responses API (declared there), not by completions:
+    "service_tier": Unsupported("a chat completions field", ("auto", "default")),
+    "metadata": Unsupported("a chat completions field"),
+    "prediction": Unsupported("a chat completions field"),
     "web_search_options": Unsupported("web search is not supported"),
     "moderation": Unsupported("this server runs no moderation model (moderate apart)"),
     # the Responses API's
@@ -175,12 +179,17 @@ class _Request(BaseModel):
     @classmethod
     def _without_unknown_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
         ignored = sorted(
-            name for name in data if name not in cls._keys and name not in UNSUPPORTED_FIELDS
+            name for name in data if name not in cls._keys and name not in _SAID_OF_A_MESSAGE
         )
         if not ignored:
             return data
         logger.debug("%s: ignored fields %s", cls.__name__, ", ".join(ignored))
         return {name: value for name, value in data.items() if name not in ignored}
+
+
+# Unsupported fields that say something of a message (a legacy function call, an earlier
+# audio answer): refused there when set, as at the top of a request (``UNSUPPORTED_FIELDS``).
+_SAID_OF_A_MESSAGE = frozenset({"function_call", "audio"})
 
 
 class _Lenient(_Request):
