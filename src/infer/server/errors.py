@@ -1,7 +1,8 @@
 """OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
 
 Validation failures are 400s (FastAPI's default is 422, which OpenAI clients do not
-expect), and a ``ValueError`` whose message starts with ``field:`` names that field. An
+expect), and a ``ValueError`` whose message starts with ``field:`` names that field. A route
+the server does not have is a 404 naming it (``/v1/embeddings``: not served by this model). An
 unexpected exception is a 500 with a generic message: its details go to the log, never to
 the client.
 """
@@ -104,6 +105,30 @@ def _unreadable_body(exc: StarletteHTTPException) -> APIError | None:
     return APIError(400, f"request body: {reason}", param="body")
 
 
+# OpenAI endpoints a text-generation model does not serve: what a request to one is told.
+_NOT_SERVED = {
+    "/v1/embeddings": "embeddings are not served by this model (it generates text)",
+    "/embeddings": "embeddings are not served by this model (it generates text)",
+}
+_ROUTES = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/models"
+
+
+def _route_error(request: Request, exc: StarletteHTTPException) -> APIError | None:
+    """A 404 or 405 of the router (no such route, or not with this method) as OpenAI words
+    it, naming the route."""
+    route = f"{request.method} {request.url.path}"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        why = _NOT_SERVED.get(request.url.path.rstrip("/"), f"no such route (this server "
+                                                              f"serves {_ROUTES})")  # fmt: skip
+        return APIError(404, f"Invalid URL ({route}): {why}", "not_found_error", headers=headers)
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allowed = headers.get("allow") or headers.get("Allow") or "other methods"
+        message = f"Invalid method ({route}): the route takes {allowed}"
+        return APIError(405, message, headers=headers)
+    return None
+
+
 def _is_union_tag(part: str) -> bool:
     """pydantic names union members in error locations (``list[int]``, ``str``,
     ``constrained-str``)."""
@@ -126,6 +151,9 @@ def install_error_handlers(app: FastAPI) -> None:
         unreadable = _unreadable_body(exc)
         if unreadable is not None:
             return unreadable.response()
+        route = _route_error(request, exc)
+        if route is not None:
+            return route.response()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(
             exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})
