@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.server.request_head import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS, HeadLimits
 from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
@@ -30,7 +31,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     http.add_argument(
         "--api-key",
         default=os.environ.get("INFER_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $INFER_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but /health, /ping, "
+        "/version and /metrics (default: $INFER_API_KEY)",
+    )
+    http.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="HOST[,HOST...]",
+        help="the names a request's Host header may give (e.g. 'api.example.com,*.internal'; "
+        "'*' any), against DNS rebinding (default: loopback names when --host is a loopback "
+        "address, else any)",
     )
     http.add_argument(
         "--served-model-name", help="model name clients pass and see (default: --model)"
@@ -69,6 +79,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=5.0,
         help="seconds a connection gets to send a request's headers, from its first byte "
         "(or from opening, for its first request); slower ones are closed (default: 5)",
+    )
+    http.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help="most bytes of a request's line and headers; beyond, 431 "
+        f"(default: {DEFAULT_MAX_HEADER_BYTES})",
+    )
+    http.add_argument(
+        "--max-headers",
+        type=int,
+        default=DEFAULT_MAX_HEADERS,
+        help=f"most headers in a request; beyond, 431 (default: {DEFAULT_MAX_HEADERS})",
     )
     http.add_argument(
         "--request-read-timeout",
@@ -139,6 +162,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _hosts(flag: str | None) -> list[str] | None:
+    """``--allowed-hosts``: names separated by commas (None: the default)."""
+    if flag is None:
+        return None
+    hosts = [name.strip() for name in flag.split(",") if name.strip()]
+    if not hosts:
+        raise ValueError("allowed_hosts: give at least one name (or '*' for any)")
+    return hosts
+
+
 def run(args: argparse.Namespace) -> int:
     if args.api_server_count == 1:
         return _serve(args)
@@ -175,6 +208,8 @@ def _serve(args: argparse.Namespace) -> int:
         limits=RequestLimits(**{name: getattr(args, name) for name in vars(DEFAULT_LIMITS)}),
         grammar_workers=args.grammar_workers,
         grammar_timeout=args.grammar_timeout,
+        head=HeadLimits(args.max_header_bytes, args.max_headers),
+        allowed_hosts=_hosts(args.allowed_hosts),
     )
     with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,11 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
+from infer.server.allowed_hosts import ANY_HOST, AllowedHosts
 from infer.server.api_workers import ApiWorkers
 from infer.server.auth import APIKeyMiddleware
 from infer.server.body_limit import BodyLimit
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
+from infer.server.concurrency import ConcurrencyLimit
 from infer.server.dashboard import install_dashboard
 from infer.server.engine_client import EngineClient, EngineStoppedError
 from infer.server.engine_pipes import EngineLink
@@ -63,6 +65,9 @@ from infer.server.retry_after import RetryAfterEstimator
 from infer.server.serving import Guards, check_model, unavailable
 from infer.server.tokenize import TokenizeServing
 
+# Never refused for capacity (``concurrency.py``).
+PROBES = frozenset({"/health", "/ping", "/metrics"})
+
 
 def create_app(
     config: EngineConfig,
@@ -77,12 +82,22 @@ def create_app(
     limits: RequestLimits = DEFAULT_LIMITS,
     grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
+    limit_concurrency: int | None = None,
+    requests: InFlight | None = None,
+    allowed_hosts: Sequence[str] = (ANY_HOST,),
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
     completes once the model is loaded) and stops it. ``chat``: how conversations are
     rendered and answers read (a reasoning parser); ``limits`` bound each request's inputs,
     and its constraint is checked by ``grammar_workers`` processes, each check cut off
-    after ``grammar_timeout`` seconds (``grammar_check.py``).
+    after ``grammar_timeout`` seconds (``grammar_check.py``). At most ``limit_concurrency``
+    requests (counted in ``requests``, shared by the API processes) are served at once
+    (``concurrency.py``); None: no bound. ``allowed_hosts``: the ``Host`` names answered
+    (``allowed_hosts.py``).
+
+    What a request must pass is decided from its headers, before its body is read, in this
+    order: its ``Host``, its key, its body's announced size; the body is then read within
+    ``limits.max_body_bytes``, and only a whole request takes a place in the concurrency.
 
     ``app.state.engine`` is the ``EngineClient`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
@@ -136,9 +151,15 @@ def create_app(
     app.state.engine = engine
     install_error_handlers(app)
     install_openapi(app)
+    # Each middleware added wraps those added before it: the first added runs last.
+    if limit_concurrency is not None:
+        app.add_middleware(ConcurrencyLimit, limit=limit_concurrency,
+                           requests=requests or InFlight(), exempt=PROBES)  # fmt: skip
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    if ANY_HOST not in allowed_hosts:
+        app.add_middleware(AllowedHosts, allowed=allowed_hosts)
     app.add_middleware(LimitsApplied, limits=limits)
 
     @app.post(

@@ -41,16 +41,17 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
+from infer.server.allowed_hosts import default_allowed_hosts, is_loopback
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
-from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits, ServerConfig
 from infer.server.engine_client import EngineClient
 from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
+from infer.server.request_head import DEFAULT_HEAD_LIMITS, HeadLimits
 from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
@@ -70,8 +71,6 @@ DEFAULT_PENDING_PER_CLIENT = 256
 # Requests beyond the engine's capacity: those that never reach it (models, cache stats)
 # or are refused by it (a full queue: its own 503).
 _SPARE_REQUESTS = 256
-# Never refused for capacity (``concurrency.py``).
-_PROBES = frozenset({"/health", "/ping", "/metrics"})
 _STARTED = re.compile(r"Uvicorn running on (http://\S+:\d+)")
 
 
@@ -155,6 +154,8 @@ def build_server(
     limits: RequestLimits = DEFAULT_LIMITS,
     grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
+    head: HeadLimits = DEFAULT_HEAD_LIMITS,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -170,7 +171,10 @@ def build_server(
     directory before prometheus_client is imported (``infer serve`` sees to it); they count
     their requests together, and each bounds its share of the pending connections.
     ``limits`` bound each request's inputs; ``grammar_workers`` processes (per API process)
-    check constraints, each check cut off after ``grammar_timeout`` seconds."""
+    check constraints, each check cut off after ``grammar_timeout`` seconds. ``head`` bounds
+    a request's headers (beyond, 431). ``allowed_hosts``: the ``Host`` names answered
+    (``allowed_hosts.py``); None: loopback names when ``host`` is a loopback address, else
+    any."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -218,11 +222,13 @@ def build_server(
             request_read_timeout=request_read_timeout,
             pending=-(-limit_pending_connections // api_server_count),
             pending_per_client=-(-limit_pending_per_client // api_server_count),
+            head=head,
         ),
         chat=chat,
         limits=limits,
         grammar_workers=grammar_workers,
         grammar_timeout=grammar_timeout,
+        allowed_hosts=tuple(allowed_hosts or default_allowed_hosts(host)),
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -246,8 +252,14 @@ def build_server(
         ]
         workers = ApiWorkers(serve_api_worker, specs, shutdown_timeout + 2 * _UVICORN_GRACE_S)
     link = EngineLink(api_ends[0], engine_ends)
-    return _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
-                   workers)  # fmt: skip
+    server = _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
+                     workers)  # fmt: skip
+    if not api_key and not is_loopback(host):  # logged once uvicorn has set up the logging
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach this port can use the "
+            "server (set --api-key, or bind 127.0.0.1)", host,
+        )  # fmt: skip
+    return server
 
 
 def _server(
@@ -264,9 +276,10 @@ def _server(
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
                      engine_factory, link, in_flight, workers, http.chat, http.limits,
-                     http.grammar_workers, http.grammar_timeout)  # fmt: skip
+                     http.grammar_workers, http.grammar_timeout, http.limit_concurrency,
+                     requests, http.allowed_hosts)  # fmt: skip
     config = ServerConfig(
-        ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
+        app,
         http.connections,
         host=http.host,
         port=http.port,

@@ -14,6 +14,7 @@ from infer import EngineConfig
 from infer.server import build_server
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits
+from infer.server.request_head import HeadLimits
 
 
 @pytest.fixture
@@ -63,11 +64,15 @@ def test_connection_defaults() -> None:
     server.listener.close()
     assert server.config.timeout_keep_alive >= 30  # beyond clients' own expiry (httpx: 5 s)
     assert server.config.limits == ConnectionLimits(
-        header_timeout=5.0, request_read_timeout=30.0, pending=1024, pending_per_client=256
+        header_timeout=5.0,
+        request_read_timeout=30.0,
+        pending=1024,
+        pending_per_client=256,
+        head=HeadLimits(max_header_bytes=32 * 1024, max_headers=100),
     )
-    assert isinstance(server.config.app, ConcurrencyLimit)
-    assert server.config.app.limit == 8 + 24 + 256  # requests
-    assert server.config.app.exempt == {"/health", "/ping", "/metrics"}
+    (concurrency,) = [m for m in server.config.app.user_middleware if m.cls is ConcurrencyLimit]
+    assert concurrency.kwargs["limit"] == 8 + 24 + 256  # requests
+    assert concurrency.kwargs["exempt"] == {"/health", "/ping", "/metrics"}
     assert server.config.limit_concurrency is None  # uvicorn's count of connections: unused
     for bad, message in (
         (dict(limit_concurrency=0), r"^limit_concurrency: must be >= 1"),
@@ -102,8 +107,8 @@ def test_several_api_processes_share_the_port_and_the_bounds(
         # one socket, handed to the workers: no other process can join the port
         assert not server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
         assert all(spec.listener is server.listener for spec in server.workers._specs)
-        assert isinstance(server.config.app, ConcurrencyLimit)
-        assert server.config.app.limit == 8 + 24 + 256  # counted by all three together
+        (concurrency,) = [m for m in server.config.app.user_middleware if m.cls is ConcurrencyLimit]
+        assert concurrency.kwargs["limit"] == 8 + 24 + 256  # counted by all three together
         assert server.config.limits.pending == -(-1024 // 3)  # each process's share
         assert server.config.limits.pending_per_client == -(-256 // 3)
     finally:
