@@ -40,6 +40,7 @@ from infer.server.openapi import (
     UNAVAILABLE,
     generation_responses,
     install_openapi,
+    json_body_schema,
 )
 from infer.server.protocol import (
     ChatCompletionChunk,
@@ -200,17 +201,26 @@ def create_app(
         check_model(model_id, model_name)
         return ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
 
-    @app.post("/tokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
-    async def tokenize(body: dict[str, Any], raw: Request) -> TokenizeResponse:
+    @app.post(
+        "/tokenize",
+        response_model=TokenizeResponse,
+        responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND},
+    )
+    async def tokenize(body: dict[str, Any], raw: Request) -> Response:
         """vLLM's: ``prompt`` or ``messages`` (with the chat fields) to token ids."""
         serving: TokenizeServing = raw.app.state.tokenize
         return await serving.tokenize(body)
 
-    @app.post("/detokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
-    async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
-        """vLLM's: token ids to text."""
+    @app.post(
+        "/detokenize",
+        response_model=DetokenizeResponse,
+        responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND},
+        openapi_extra=json_body_schema(DetokenizeRequest),
+    )
+    async def detokenize(body: dict[str, Any], raw: Request) -> Response:
+        """vLLM's: token ids to text (at most ``max_seq_len`` of them)."""
         serving: TokenizeServing = raw.app.state.tokenize
-        return serving.detokenize(body)
+        return await serving.detokenize(body)
 
     @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:
