@@ -257,6 +257,10 @@ class SamplingRequest(_Counted):
     )
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     request_id: str | None = Field(None, max_length=256, description="the response's id")
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="vLLM's: only requests with the same salt share prefix-cache entries",
+    )  # fmt: skip
     # vLLM's legacy names of ``structured_outputs``' constraints
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -322,6 +326,7 @@ class SamplingRequest(_Counted):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=constraint,
+            cache_salt=self.cache_salt,
         )
 
     @property

@@ -148,6 +148,7 @@ class ResponsesRequest(_Request):
     user: str | None = None
     truncation: Literal["disabled"] | None = None  # "auto" would drop input silently
     include: Annotated[list[str], Field(max_length=0)] | None = None  # nothing extra to add
+    cache_salt: str | None = None  # vLLM's: checked as chat completions check it
 
     @model_validator(mode="after")
     def _stateless(self) -> ResponsesRequest:
@@ -181,6 +182,7 @@ class ResponsesRequest(_Request):
             "stream": self.stream,
             "user": self.user,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "cache_salt": self.cache_salt,
         }
         if self.tools:
             body["tools"] = [

@@ -271,3 +271,15 @@ def test_audio_this_server_never_returned_is_refused() -> None:
     turn = {"role": "assistant", "content": "hi", "audio": {"id": "audio_1"}}
     error = _bad_request({"messages": [*QUESTION, turn]})["error"]
     assert error["param"] == "messages.1.audio"
+
+
+def test_cache_salt_reaches_the_engine_from_every_generation_endpoint() -> None:
+    """vLLM's ``cache_salt`` (one per tenant: ``cache/prefix.py``)."""
+    salt = {"cache_salt": "tenant-a"}
+    completion = CompletionRequest.model_validate({"prompt": "hi", **salt})
+    chat = ChatCompletionRequest.model_validate({"messages": QUESTION, **salt})
+    response = ResponsesRequest.model_validate({"input": "hi", **salt}).as_chat()
+    for request in (completion, chat, response):
+        assert request.sampling_params(4, None, None).cache_salt == "tenant-a"
+    with pytest.raises(ValidationError, match="cache_salt"):
+        CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})
