@@ -184,7 +184,7 @@ class SamplingParams:
             f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
         )
         _require(
-            self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt),
+            self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
             "cache_salt",
             "must be a non-empty string",
         )
