@@ -35,6 +35,7 @@ from infer.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from infer.engine.strict_schema import strict_schema
 from infer.server.request_limits import applied_limits
 from infer.tokenizer import ChatTemplateArgs
 
@@ -182,7 +183,8 @@ class JsonSchemaFormat(_Request):
 
 class ResponseFormat(_Request):
     """OpenAI's ``response_format``: free text, any JSON object, or JSON that validates
-    against ``json_schema.schema`` (always enforced, ``strict`` or not)."""
+    against ``json_schema.schema`` (always enforced; with ``strict``, objects have only
+    the properties named: ``strict_schema.py``)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -356,7 +358,10 @@ class SamplingRequest(_Counted):
             assert fmt is not None
             if fmt.json_schema is None:
                 return constraint("response_format", json_object=True)
-            return constraint("response_format.json_schema.schema", json=fmt.json_schema.schema_)
+            schema = fmt.json_schema.schema_
+            if fmt.json_schema.strict:
+                schema = strict_schema(schema)
+            return constraint("response_format.json_schema.schema", json=schema)
         if given[0] == "structured_outputs":
             so = self.structured_outputs
             assert so is not None
@@ -588,6 +593,21 @@ class Conversation(_Counted):
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message: the last message must be the assistant's")
         self.template_args()  # refuses reserved chat_template_kwargs
+        return self
+
+    @model_validator(mode="after")
+    def _tool_messages_answer_calls(self) -> Conversation:
+        """As OpenAI: a tool message answers the tool calls of the assistant message before
+        it (other tool messages between them)."""
+        calling = False
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" and not calling:
+                raise ValueError(
+                    f"messages.{i}.role: a tool message must answer a preceding assistant "
+                    "message with tool_calls"
+                )
+            if message.role != "tool":
+                calling = message.role == "assistant" and bool(message.tool_calls)
         return self
 
     def template_args(self) -> ChatTemplateArgs:
@@ -903,8 +923,10 @@ def constraint(field: str, **kind: Any) -> StructuredOutputsParams:
 
 
 def _parameters(tool: Tool) -> dict[str, Any]:
-    """A function's arguments schema (any JSON object when it declares none)."""
-    return tool.function.parameters or {"type": "object"}
+    """A function's arguments schema (any JSON object when it declares none; with
+    ``strict``, objects have only the properties named)."""
+    schema = tool.function.parameters or {"type": "object"}
+    return strict_schema(schema) if tool.function.strict else schema
 
 
 def _default(value: Any, default: Any) -> Any:
