@@ -17,9 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
-_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else",
-        "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames")  # fmt: skip
+_ONE = (
+    "items", "additionalItems", "contains", "not", "if", "then", "else",
+    "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames",
+)  # fmt: skip
 _LIST = ("anyOf", "oneOf", "prefixItems", "items")  # ``items`` as a list: draft 4's tuples
+_OPEN_KEYS = {"additionalProperties", "unevaluatedProperties"}  # the schema says it itself
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
@@ -31,9 +34,8 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
         node, in_all_of = stack.pop()
         if not isinstance(node, dict):
             continue
-        if _is_object(node) and not in_all_of:
-            if "additionalProperties" not in node and "unevaluatedProperties" not in node:
-                node["additionalProperties"] = False
+        if _is_object(node) and not in_all_of and not _OPEN_KEYS & node.keys():
+            node["additionalProperties"] = False
         for key in _ONE:
             if isinstance(node.get(key), dict):
                 stack.append((node[key], False))
