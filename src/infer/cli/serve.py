@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
@@ -55,8 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--shutdown-timeout",
         type=float,
         default=10.0,
-        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are "
-        "aborted (default: 10)",
+        help="on SIGINT/SIGTERM, seconds until the process has exited: in-flight requests "
+        "get all but the last second of them (half, under 2 s) to finish, then are aborted "
+        "(default: 10)",
     )
     http.add_argument(
         "--timeout-keep-alive",
@@ -174,12 +177,28 @@ def _hosts(flag: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.api_server_count == 1:
-        return _serve(args)
-    with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
-        # Before prometheus_client is imported (with the server): every API process then
-        # keeps its metrics there (see infer.server.metrics).
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
-        return _serve(args)
+        code = _serve(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
+            # Before prometheus_client is imported (with the server): every API process then
+            # keeps its metrics there (see infer.server.metrics).
+            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
+            code = _serve(args)
+    # The server has shut down (its engine and workers have exited); tearing the
+    # interpreter down, torch and all, would only make a supervisor wait (RESULTS.md 9.4).
+    _exit_now(code)
+    return code  # not reached
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code``: its exit handlers run (multiprocessing's release its
+    semaphores) and its logs are flushed, but the interpreter is not torn down."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -213,9 +232,4 @@ def _serve(args: argparse.Namespace) -> int:
     )
     with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()
-    if server.engine_failure is not None:
-        # The server has shut down; a supervisor waits for the exit to restart it. Tearing
-        # the interpreter down (torch and all) would take about a second more.
-        logging.shutdown()
-        os._exit(server.exit_code)
     return server.exit_code

@@ -24,6 +24,7 @@ from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.dashboard import install_dashboard
+from infer.server.docs import install_docs
 from infer.server.engine_client import EngineClient, EngineStoppedError
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
@@ -147,11 +148,13 @@ def create_app(
                 await engine.stop()
                 await asyncio.to_thread(grammars.close)
 
-    app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="infer", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
     app.router.route_class = JSONBodyRoute  # large bodies parsed off the event loop
     app.state.engine = engine
     install_error_handlers(app)
     install_openapi(app)
+    install_docs(app)
     # Each middleware added wraps those added before it: the first added runs last.
     if limit_concurrency is not None:
         app.add_middleware(ConcurrencyLimit, limit=limit_concurrency,

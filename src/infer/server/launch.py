@@ -2,9 +2,11 @@
 background thread or a child process (tests, benchmarks, notebooks).
 
 On SIGINT/SIGTERM uvicorn stops accepting connections and waits for open ones. We also
-stop taking new requests (503), give in-flight ones ``shutdown_timeout`` seconds to finish,
-then abort the rest: their streams end with an error event and ``[DONE]``, non-streamed
-requests get a 503, and the engine frees their blocks before its process exits.
+stop taking new requests (503), give in-flight ones time to finish, then abort the rest:
+their streams end with an error event and ``[DONE]``, non-streamed requests get a 503, and
+the engine frees their blocks before its process exits. The whole takes at most
+``shutdown_timeout`` seconds: requests get all of it but ``stop_reserve`` (what stopping
+the engine and exiting take), so a supervisor's deadline of the same length is kept.
 
 If the engine process dies instead (a crash, the OOM killer, ``kill -9``), its pipe closes:
 in-flight requests end at once with a 503 saying the engine failed, ``/health`` answers
@@ -63,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
+# Of the shutdown timeout, what stopping the engine process and exiting are left (at most
+# half of it): RESULTS.md 9.4.
+_STOP_RESERVE_S = 1.0
 DEFAULT_KEEP_ALIVE_S = 30
 DEFAULT_HEADER_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_READ_TIMEOUT_S = 30.0
@@ -128,9 +133,14 @@ class Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.workers is not None:
             self.workers.terminate()  # they drain while we do
-        drain = asyncio.create_task(self.engine.drain(self.shutdown_timeout))
+        drain = asyncio.create_task(self.engine.drain(drain_time(self.shutdown_timeout)))
         await super().shutdown(sockets)
         await drain
+
+
+def drain_time(shutdown_timeout: float) -> float:
+    """How long in-flight requests get to finish after a signal (see the module's doc)."""
+    return shutdown_timeout - min(_STOP_RESERVE_S, shutdown_timeout / 2)
 
 
 def build_server(

@@ -14,6 +14,7 @@ from infer import EngineConfig
 from infer.server import build_server
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits
+from infer.server.launch import drain_time
 from infer.server.request_head import HeadLimits
 
 
@@ -113,3 +114,9 @@ def test_several_api_processes_share_the_port_and_the_bounds(
         assert server.config.limits.pending_per_client == -(-256 // 3)
     finally:
         server.listener.close()
+
+
+def test_requests_get_the_shutdown_timeout_but_what_stopping_takes() -> None:
+    assert drain_time(10.0) == 9.0
+    assert drain_time(1.0) == 0.5  # half, at most
+    assert drain_time(0.0) == 0.0
