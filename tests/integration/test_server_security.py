@@ -81,8 +81,9 @@ def test_an_upload_is_refused_from_its_headers_before_its_body(
 
 def test_a_chunked_body_is_cut_off_once_past_the_limit(url: str) -> None:
     with socket.create_connection(_address(url)) as conn:
-        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
-                     b"Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
         chunk = b"x" * (LIMIT // 4)
         for _ in range(5):  # one chunk past the limit; the body never ends
             conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -156,8 +157,8 @@ def test_a_strict_schema_names_every_key_of_the_answer(url: str) -> None:
 
 
 def test_a_tool_message_without_a_call_is_a_400(url: str) -> None:
-    body = {"messages": [{"role": "user", "content": "hi"},
-                         {"role": "tool", "content": "21 C", "tool_call_id": "call_1"}]}  # fmt: skip
+    tool = {"role": "tool", "content": "21 C", "tool_call_id": "call_1"}
+    body = {"messages": [{"role": "user", "content": "hi"}, tool]}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages.1.role"
