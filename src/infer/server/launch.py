@@ -264,12 +264,18 @@ def build_server(
     link = EngineLink(api_ends[0], engine_ends)
     server = _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
                      workers)  # fmt: skip
-    if not api_key and not is_loopback(host):  # logged once uvicorn has set up the logging
+    warn_if_open(host, api_key)  # once uvicorn has set up the logging
+    return server
+
+
+def warn_if_open(host: str, api_key: str | None) -> None:
+    """A server listening beyond this machine without a key serves anyone who reaches it:
+    say so (it may be meant, behind a gateway)."""
+    if not api_key and not is_loopback(host):
         logger.warning(
             "listening on %s without --api-key: anyone who can reach this port can use the "
             "server (set --api-key, or bind 127.0.0.1)", host,
         )  # fmt: skip
-    return server
 
 
 def _server(

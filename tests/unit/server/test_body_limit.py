@@ -1,17 +1,21 @@
 """``--max-body-bytes`` in front of everything that buffers a body: an announced length over
 it is refused before the body is read, a chunked body the moment it passes it; either is a
-413 naming ``body``, and the connection closes (the rest is never read)."""
+413 naming ``body``, and the connection closes (the rest is never read). Once large bodies
+are done, their memory is given back."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import time
 
 import httpx
+import pytest
 from tests.unit.server.conftest import Serve, closed_by_server
 from tests.unit.server.test_auth import ReadingApp
 
-from infer.server.body_limit import BodyLimit
+from infer.server import body_limit
+from infer.server.body_limit import LARGE_BODY_BYTES, BodyLimit
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.in_flight import InFlight
 
@@ -55,3 +59,21 @@ def test_a_chunked_body_is_cut_off_the_moment_it_passes_the_limit(serve: Serve) 
         assert b"connection: close" in answer.lower()
         assert closed_by_server(conn, within=5)
     assert app.bodies_read == 0
+
+
+def test_memory_is_given_back_once_the_last_large_body_is_done(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given_back: list[float] = []
+    monkeypatch.setattr(body_limit, "give_back_memory", lambda: given_back.append(1.0))
+    app = BodyLimit(ReadingApp(), 4 * LARGE_BODY_BYTES)
+    with serve(app) as (host, port):
+        url = f"http://{host}:{port}/"
+        assert httpx.post(url, content=b"x" * 1000).is_success
+        time.sleep(0.2)
+        assert given_back == []  # small bodies leave nothing worth the trim
+        assert httpx.post(url, content=b"x" * LARGE_BODY_BYTES).is_success
+        deadline = time.monotonic() + 5
+        while not given_back and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert given_back == [1.0] and app.large_bodies == 0

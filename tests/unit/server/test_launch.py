@@ -14,7 +14,7 @@ from infer import EngineConfig
 from infer.server import build_server
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits
-from infer.server.launch import drain_time
+from infer.server.launch import drain_time, warn_if_open
 from infer.server.request_head import HeadLimits
 
 
@@ -120,3 +120,15 @@ def test_requests_get_the_shutdown_timeout_but_what_stopping_takes() -> None:
     assert drain_time(10.0) == 9.0
     assert drain_time(1.0) == 0.5  # half, at most
     assert drain_time(0.0) == 0.0
+
+
+def test_listening_beyond_loopback_without_a_key_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for host, key, warned in (("0.0.0.0", None, True), ("::", "", True), ("10.1.2.3", None, True),
+                              ("0.0.0.0", "sk-key", False), ("127.0.0.1", None, False),
+                              ("localhost", None, False), ("::1", None, False)):  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="infer.server.launch"):
+            warn_if_open(host, key)
+        assert ("without --api-key" in caplog.text) == warned, host
