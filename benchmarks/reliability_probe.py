@@ -26,7 +26,7 @@
   below), one after another while ``/health`` is polled every 20 ms: each one's answer, the
   seconds to it (and the bytes sent by then), the API process's peak memory during it and
   its memory a second after, and the slowest ``/health`` meanwhile. Sizes scale with
-  ``--upload-mb`` (the issue's: 2048).
+  ``--upload-mb`` (the issue's: 2048); ``--flood`` 7 MB ``/tokenize`` requests go at once.
 
 Arguments after ``--`` go to ``infer serve`` (``--model smollm2-135m --device cpu`` are
 given). ``--src DIR`` serves another checkout's ``src`` (e.g. an export of an older commit),
@@ -321,6 +321,9 @@ def main() -> None:
         default=2048,
         help="the largest upload (security; the others scale with it)",
     )
+    parser.add_argument(
+        "--flood", type=int, default=50, help="7 MB /tokenize requests sent at once (security)"
+    )
     parser.add_argument("--src", type=Path, help="serve this src directory instead")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -338,7 +341,7 @@ def main() -> None:
     print(f"# {args.check}: infer serve {' '.join(BASE_ARGS + serve_args)}")
     check = {"hostile": hostile, "lockout": lockout, "cache-stats": cache_stats,
              "kill-engine": kill_engine, "security": security}  # fmt: skip
-    with spawn_server([*BASE_ARGS, *serve_args]) as server:
+    with spawn_server([*BASE_ARGS, *serve_args], access_log=args.check == "security") as server:
         check[args.check](server, args)
 
 

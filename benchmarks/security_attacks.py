@@ -293,7 +293,9 @@ def _sigterm(server: ServerProcess) -> Outcome:
     return Outcome(f"exit {code}, --shutdown-timeout {SHUTDOWN_TIMEOUT_S:g}", seconds)
 
 
-def attacks(server: ServerProcess, upload_mb: int) -> list[tuple[str, Callable[[], Outcome]]]:
+def attacks(
+    server: ServerProcess, upload_mb: int, flood: int
+) -> list[tuple[str, Callable[[], Outcome]]]:
     url = server.url
     size = upload_mb * MB
     completions = "/v1/completions"
@@ -304,15 +306,15 @@ def attacks(server: ServerProcess, upload_mb: int) -> list[tuple[str, Callable[[
         headers = {**json_headers, **(AUTH if auth else {})}
         return _request("POST", f"{url}/tokenize", content=prompt_7mb, headers=headers)
 
-    def fifty_tokenize_then_a_completion() -> Outcome:
-        with ThreadPoolExecutor(50) as pool:
-            floods = [pool.submit(tokenize, True) for _ in range(50)]
+    def tokenize_flood_then_a_completion() -> Outcome:
+        with ThreadPoolExecutor(flood) as pool:
+            floods = [pool.submit(tokenize, True) for _ in range(flood)]
             time.sleep(0.5)
             innocent = _request("POST", f"{url}{completions}", headers=AUTH,
                                 json={"prompt": "Hi", "max_tokens": 2})  # fmt: skip
-            flood = _together([f.result() for f in floods])
-        return Outcome(f"{flood.answer}; beside them a completion: {innocent.answer}",
-                       flood.seconds)  # fmt: skip
+            answered = _together([f.result() for f in floods])
+        return Outcome(f"{answered.answer}; beside them a completion: {innocent.answer}",
+                       answered.seconds)  # fmt: skip
 
     def concurrent_uploads() -> Outcome:
         with ThreadPoolExecutor(4) as pool:
@@ -334,7 +336,7 @@ def attacks(server: ServerProcess, upload_mb: int) -> list[tuple[str, Callable[[
         ("keyless /v1/cache/stats", lambda: _request("GET", f"{url}/v1/cache/stats")),
         ("keyless /docs", lambda: _request("GET", f"{url}/docs")),
         ("keyed /tokenize, 7 MB prompt", lambda: tokenize(True)),
-        ("50 keyed /tokenize of 7 MB at once", fifty_tokenize_then_a_completion),
+        (f"{flood} keyed /tokenize of 7 MB at once", tokenize_flood_then_a_completion),
         ("100 KB header", lambda: _request("GET", f"{url}/health",
                                            headers={"x-big": "a" * 100_000})),
         ("200 headers", lambda: _request("GET", f"{url}/health",
@@ -348,7 +350,7 @@ def attacks(server: ServerProcess, upload_mb: int) -> list[tuple[str, Callable[[
         ("strict json_schema, 1 property", lambda: _strict_schema(url)),
         ("tool message without a call",
          lambda: _request("POST", f"{url}/v1/chat/completions", headers=AUTH, json={
-             "messages": [{"role": "user", "content": "hi"},
+             "max_tokens": 4, "messages": [{"role": "user", "content": "hi"},
                           {"role": "tool", "content": "21 C", "tool_call_id": "c1"}]})),
         ("/docs offline", lambda: _docs_offline(url)),
         ("SIGTERM during a stream", lambda: _sigterm(server)),
@@ -372,7 +374,7 @@ def security(server: ServerProcess, args: Any) -> None:
     print("| attack | answer | seconds | body sent | API peak | API 1 s after | slowest /health |")
     print("|---|---|---:|---:|---:|---:|---:|")
     with HealthPoller(server.url) as health:
-        for what, attack in attacks(server, args.upload_mb):
+        for what, attack in attacks(server, args.upload_mb, args.flood):
             alive = server.process.poll() is None
             if alive:
                 memory.reset()

@@ -410,19 +410,29 @@ class ServerProcess:
 
 
 @contextmanager
-def spawn_server(args: Sequence[str], startup_timeout: float = 600.0) -> Iterator[ServerProcess]:
+def spawn_server(
+    args: Sequence[str], startup_timeout: float = 600.0, access_log: bool = False
+) -> Iterator[ServerProcess]:
     """``python -m infer.cli serve ARGS --port 0`` (tests, benchmarks); on exit, if it is still
-    running, it gets SIGTERM (a graceful shutdown), then SIGKILL if that takes too long."""
+    running, it gets SIGTERM (a graceful shutdown), then SIGKILL if that takes too long.
+    ``access_log``: its standard output (uvicorn's access log) goes into ``log`` too."""
     command = [sys.executable, "-m", "infer.cli", "serve", *args, "--port", "0"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    if access_log:  # one pipe, read as the log
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        stream = process.stdout
+    else:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        stream = process.stderr
     server = ServerProcess(process)
     started = threading.Event()
 
     def read_log() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
+        assert stream is not None
+        for line in stream:
             server.log.append(line)
             match = _STARTED.search(line)
             if match:
