@@ -71,6 +71,10 @@ def test_connection_defaults() -> None:
         pending_per_client=256,
         head=HeadLimits(max_header_bytes=32 * 1024, max_headers=100),
     )
+    # Outermost first: a request's Host and key, then its body's size, are checked before
+    # anything reads or buffers its body.
+    order = [m.cls.__name__ for m in server.config.app.user_middleware]
+    assert order == ["LimitsApplied", "AllowedHosts", "BodyLimit", "ConcurrencyLimit"]
     (concurrency,) = [m for m in server.config.app.user_middleware if m.cls is ConcurrencyLimit]
     assert concurrency.kwargs["limit"] == 8 + 24 + 256  # requests
     assert concurrency.kwargs["exempt"] == {"/health", "/ping", "/metrics"}
