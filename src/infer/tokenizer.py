@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,6 +62,11 @@ class ChatTemplateArgs:
 DEFAULT_TEMPLATE_ARGS = ChatTemplateArgs()
 
 
+# How many times shorter a normalizer may make a text, at most: NFC joins a letter and its
+# accents, and a Hangul syllable's three parts, into one character.
+_SHORTENING_MARGIN = 4
+
+
 class Tokenizer:
     """A Hugging Face fast tokenizer plus the model's stop tokens: the checkpoint's, the
     tokenizer's EOS, and the end-of-turn token whatever the metadata said."""
@@ -91,6 +97,15 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of a text one token can stand for: the longest vocabulary
+        string (a byte-level vocabulary writes one character per byte of text, a
+        SentencePiece one a character per character, added tokens as they are), times
+        ``_SHORTENING_MARGIN`` where a normalizer may shorten the text first."""
+        longest = max(map(len, self.rust.get_vocab(with_added_tokens=True)), default=1) or 1
+        return longest if self.rust.normalizer is None else longest * _SHORTENING_MARGIN
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt (with the BOS token when the model expects one)."""

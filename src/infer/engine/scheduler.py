@@ -446,7 +446,9 @@ class Scheduler:
         """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
         if request.prompt_logprobs is None:
-            seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+            seq_id = self.pool.allocate_sequence(
+                0, tokens, request.block_keys, request.params.cache_salt
+            )
         else:  # it scores every prompt position: none may come from the prefix cache
             seq_id = self.pool.allocate_sequence(0)
         if seq_id is None:

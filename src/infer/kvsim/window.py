@@ -68,6 +68,7 @@ class WindowedPool:
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1

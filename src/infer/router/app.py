@@ -73,7 +73,7 @@ def create_router_app(
     app.state.pool = pool
     install_error_handlers(app)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key, also_guard=("/workers",))
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)  # /workers too
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     async def read_body(raw: Request) -> bytes:

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from infer.engine.prompts import ContextLengthError
 from infer.server.protocol import ErrorInfo, ErrorResponse, unsupported_reason
@@ -58,6 +59,24 @@ class APIError(Exception):
         return Response(
             self.json(), self.status, headers=self.headers, media_type="application/json"
         )
+
+
+def expects_body(scope: Scope) -> bool:
+    """Whether the request's headers announce a body (a length above zero, or chunks)."""
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+            return True
+    return False
+
+
+async def refuse_before_body(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer ``error`` without reading the request's body; if one is still coming, the
+    connection closes after the answer (else the server would go on reading it, to drop
+    it, for as long as the client sends)."""
+    response = error.response()
+    if expects_body(scope):
+        response.headers["Connection"] = "close"
+    await response(scope, receive, send)
 
 
 class BodyTooLargeError(ValueError):

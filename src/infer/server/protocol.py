@@ -38,6 +38,7 @@ from infer.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from infer.engine.strict_schema import strict_schema
 from infer.server.request_limits import applied_limits
 from infer.tokenizer import ChatTemplateArgs
 
@@ -255,9 +256,10 @@ class JsonSchemaFormat(_Request):
 
 class ResponseFormat(_Request):
     """OpenAI's ``response_format``: free text, any JSON object, or JSON that validates
-    against ``json_schema.schema`` (always enforced, ``strict`` or not). A JSON object may
-    carry its ``schema`` too, as Together's and Anyscale's take it (instructor's JSON_SCHEMA
-    mode sent it so up to 1.3): enforced the same."""
+    against ``json_schema.schema`` (always enforced; with ``strict``, objects have only
+    the properties named: ``strict_schema.py``). A JSON object may carry its ``schema`` too,
+    as Together's and Anyscale's take it (instructor's JSON_SCHEMA mode sent it so up to
+    1.3): enforced the same."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -338,6 +340,10 @@ class SamplingRequest(_Counted):
     )
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     request_id: str | None = Field(None, max_length=256, description="the response's id")
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="vLLM's: only requests with the same salt share prefix-cache entries",
+    )  # fmt: skip
     # vLLM's legacy names of ``structured_outputs``' constraints
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -403,6 +409,7 @@ class SamplingRequest(_Counted):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=constraint,
+            cache_salt=self.cache_salt,
         )
 
     @property
@@ -436,7 +443,10 @@ class SamplingRequest(_Counted):
                 return constraint("response_format.schema", json=fmt.schema_)
             if fmt.json_schema is None:
                 return constraint("response_format", json_object=True)
-            return constraint("response_format.json_schema.schema", json=fmt.json_schema.schema_)
+            schema = fmt.json_schema.schema_
+            if fmt.json_schema.strict:
+                schema = strict_schema(schema)
+            return constraint("response_format.json_schema.schema", json=schema)
         if given[0] == "structured_outputs":
             so = self.structured_outputs
             assert so is not None
@@ -681,6 +691,21 @@ class Conversation(_Counted):
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message: the last message must be the assistant's")
         self.template_args()  # refuses reserved chat_template_kwargs
+        return self
+
+    @model_validator(mode="after")
+    def _tool_messages_answer_calls(self) -> Conversation:
+        """As OpenAI: a tool message answers the tool calls of the assistant message before
+        it (other tool messages between them)."""
+        calling = False
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" and not calling:
+                raise ValueError(
+                    f"messages.{i}.role: a tool message must answer a preceding assistant "
+                    "message with tool_calls"
+                )
+            if message.role != "tool":
+                calling = message.role == "assistant" and bool(message.tool_calls)
         return self
 
     def template_args(self) -> ChatTemplateArgs:
@@ -1028,8 +1053,10 @@ def constraint(field: str, **kind: Any) -> StructuredOutputsParams:
 
 
 def _parameters(tool: Tool) -> dict[str, Any]:
-    """A function's arguments schema (any JSON object when it declares none)."""
-    return tool.function.parameters or {"type": "object"}
+    """A function's arguments schema (any JSON object when it declares none; with
+    ``strict``, objects have only the properties named)."""
+    schema = tool.function.parameters or {"type": "object"}
+    return strict_schema(schema) if tool.function.strict else schema
 
 
 def _default(value: Any, default: Any) -> Any:

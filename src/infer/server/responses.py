@@ -199,6 +199,7 @@ class ResponsesRequest(OpenAIHints):
     # OpenAI's account programs and image settings: nothing here reads them
     access_programs: dict[str, str] | None = None
     image: dict[str, str] | None = None
+    cache_salt: str | None = None  # vLLM's: checked as chat completions check it
 
     @model_validator(mode="after")
     def _stateless(self) -> ResponsesRequest:
@@ -245,6 +246,7 @@ class ResponsesRequest(OpenAIHints):
             "parallel_tool_calls": self.parallel_tool_calls,
             "prompt_cache_key": self.prompt_cache_key,
             "reasoning_effort": self.reasoning.effort if self.reasoning is not None else None,
+            "cache_salt": self.cache_salt,
         }
         if self.wants_logprobs:
             body["logprobs"] = True

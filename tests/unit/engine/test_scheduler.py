@@ -307,6 +307,16 @@ def test_prefix_hits_skip_computed_tokens() -> None:
     assert [r.num_cached_tokens for r in scheduler.running] == [0, 8]
 
 
+def test_prefix_hits_need_the_same_cache_salt() -> None:
+    pool = _pool(100, block_size=4, prefix=True)
+    scheduler = _scheduler(pool, use_prefix_caching=True)
+    for name, salt in (("a", "tenant-a"), ("b", "tenant-b"), ("a-again", "tenant-a")):
+        params = SamplingParams(cache_salt=salt)
+        scheduler.add_request(Request(name, list(range(10)), 10, params, seed=0))
+        _run(scheduler, scheduler.schedule())
+    assert [r.num_cached_tokens for r in scheduler.running] == [0, 0, 8]
+
+
 def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(6, block_size=2, prefix=True)
     scheduler = _scheduler(pool, admission_reserve=0.0, use_prefix_caching=True)

@@ -387,3 +387,70 @@ def test_metadata_keeps_openais_bounds() -> None:
     ChatCompletionRequest.model_validate({"messages": QUESTION, "metadata": {}})
     error = _bad_request({"messages": QUESTION, "metadata": {str(i): "v" for i in range(17)}})
     assert error["error"]["param"] == "metadata"
+
+
+def test_cache_salt_reaches_the_engine_from_every_generation_endpoint() -> None:
+    """vLLM's ``cache_salt`` (one per tenant: ``cache/prefix.py``)."""
+    salt = {"cache_salt": "tenant-a"}
+    completion = CompletionRequest.model_validate({"prompt": "hi", **salt})
+    chat = ChatCompletionRequest.model_validate({"messages": QUESTION, **salt})
+    response = ResponsesRequest.model_validate({"input": "hi", **salt}).as_chat()
+    for request in (completion, chat, response):
+        assert request.sampling_params(4, None, None).cache_salt == "tenant-a"
+    with pytest.raises(ValidationError, match="cache_salt"):
+        CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})
+
+
+def _compiled_schema(request: ChatCompletionRequest) -> dict[str, Any]:
+    constraint = request.constraint()
+    assert constraint is not None
+    schema: dict[str, Any] = json.loads(constraint.compiled_grammar)["grammars"][0]["json_schema"]
+    return schema
+
+
+@pytest.mark.parametrize("strict", [True, False, None])
+def test_strict_schemas_name_every_property_an_object_may_have(strict: bool | None) -> None:
+    """OpenAI's strict mode (``strict_schema.py``), on a response format and on a forced
+    call of a function tool."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    formatted = ChatCompletionRequest.model_validate({"messages": QUESTION, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict},
+    }})  # fmt: skip
+    function = {"name": "f", "parameters": schema, "strict": strict}
+    called = ChatCompletionRequest.model_validate({
+        "messages": QUESTION, "tools": [{"type": "function", "function": function}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+    })  # fmt: skip
+    for request in (formatted, called):
+        closed = _compiled_schema(request).get("additionalProperties") is False
+        assert closed == bool(strict)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+         {"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+        [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+         {"role": "user", "content": "and?"}, {"role": "tool", "content": "late"}],
+    ],
+)  # fmt: skip
+def test_a_tool_message_without_a_call_before_it_is_refused(
+    messages: list[dict[str, Any]],
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate({"messages": messages})
+    error = _validation_error(RequestValidationError(refused.value.errors()))
+    assert error.info.param == f"messages.{len(messages) - 1}.role"
+
+
+def test_tool_messages_answering_calls_pass() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ChatCompletionRequest.model_validate({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "c2"}]},
+        {"role": "tool", "content": "one", "tool_call_id": "c1"},
+        {"role": "tool", "content": "two", "tool_call_id": "c2"},
+    ]})  # fmt: skip
