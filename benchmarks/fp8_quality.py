@@ -3,9 +3,11 @@
 Every configuration reads the same text in windows of ``--window`` tokens (each window a
 fresh prefill, every position predicting the next token) and is compared position by
 position with the float32 model and the bfloat16 one: top-1 agreement, mean KL divergence
-from float32, and perplexity of the text. FP8 weights run the CPU reference of the W8A8
-matmul (the math ``torch._scaled_mm`` does on a GPU); an FP8 KV cache is written and read
-by the torch attention path (scale 1 per tensor: a GGUF file carries no KV scales).
+from float32, and perplexity of the text. FP8 weights run the CPU references of the GPU's
+two paths: W8A8 (activations quantised per token, then ``torch._scaled_mm``: a GPU's
+prefill and steps of many rows) and W8A16 (activations as they are, the Triton kernel: a
+GPU's decode steps of few rows). An FP8 KV cache is written and read by the torch attention
+path (scale 1 per tensor: a GGUF file carries no KV scales).
 
     PYTHONPATH=src python benchmarks/fp8_quality.py [--model smollm2-135m] [--out DIR]
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import infer.models.fp8 as fp8_module
 from infer.attention import ScheduledSequence, build_metadata
 from infer.loader import ModelSource, load_model, resolve_model
 from infer.models import DecoderModel
@@ -31,15 +34,19 @@ from infer.tokenizer import Tokenizer
 TEXT = Path(__file__).parent / "data" / "quality_text.txt"
 BLOCK = 16
 FP8 = torch.float8_e4m3fn
-# (label, activation / model dtype, weight quantization, KV cache dtype or None: the model's)
+# (label, activation / model dtype, weight quantization, KV cache dtype or None: the model's,
+# FP8 matmul: W8A16 for every row count or W8A8 for every one)
 CONFIGS = [
-    ("float32", torch.float32, None, None),
-    ("bfloat16", torch.bfloat16, None, None),
-    ("fp8 weights, float32 activations", torch.float32, "fp8", None),
-    ("fp8 weights, bfloat16 activations", torch.bfloat16, "fp8", None),
-    ("bfloat16, fp8 KV cache", torch.bfloat16, None, FP8),
-    ("fp8 weights, bfloat16 activations, fp8 KV cache", torch.bfloat16, "fp8", FP8),
+    ("float32", torch.float32, None, None, False),
+    ("bfloat16", torch.bfloat16, None, None, False),
+    ("fp8 weights W8A8, float32 activations", torch.float32, "fp8", None, False),
+    ("fp8 weights W8A8, bfloat16 activations", torch.bfloat16, "fp8", None, False),
+    ("fp8 weights W8A16, bfloat16 activations", torch.bfloat16, "fp8", None, True),
+    ("bfloat16, fp8 KV cache", torch.bfloat16, None, FP8, False),
+    ("fp8 weights W8A8, bfloat16, fp8 KV cache", torch.bfloat16, "fp8", FP8, False),
+    ("fp8 weights W8A16, bfloat16, fp8 KV cache", torch.bfloat16, "fp8", FP8, True),
 ]
+ALL_ROWS = 1 << 30  # a W8A16 switch point past any window
 
 
 @dataclass
@@ -71,16 +78,18 @@ def window_logits(model: DecoderModel, tokens: list[int], kv_dtype: torch.dtype)
 def evaluate(source: ModelSource, tokens: list[int], window: int) -> list[Score]:
     models = {
         label: load_model(source, torch.device("cpu"), dtype, window, quantization=quant)[0]
-        for label, dtype, quant, _ in CONFIGS
+        for label, dtype, quant, _, _ in CONFIGS
     }
-    kv_dtypes = {label: kv or dtype for label, dtype, _, kv in CONFIGS}
+    kv_dtypes = {label: kv or dtype for label, dtype, _, kv, _ in CONFIGS}
+    w8a16 = {label: few_rows for label, *_, few_rows in CONFIGS}
     scores = {label: Score(label) for label in models}
     for start in range(0, len(tokens) - 1, window):
         chunk = tokens[start : start + window + 1]
         inputs, targets = chunk[:-1], torch.tensor(chunk[1:])
-        logprobs = {
-            label: window_logits(model, inputs, kv_dtypes[label]) for label, model in models.items()
-        }
+        logprobs = {}
+        for label, model in models.items():
+            fp8_module.W8A16_MAX_ROWS = ALL_ROWS if w8a16[label] else 0
+            logprobs[label] = window_logits(model, inputs, kv_dtypes[label])
         print(f"window at {start}: done", file=sys.stderr, flush=True)
         top_fp32 = logprobs["float32"].argmax(-1)
         top_bf16 = logprobs["bfloat16"].argmax(-1)

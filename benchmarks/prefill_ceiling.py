@@ -10,7 +10,8 @@ this script explains the gap. For each shape it times, graph-replayed, in TFLOP/
   with and without Triton's warp specialisation: what Triton reaches with no paging at all.
 
 Usage: ``PYTHONPATH=src python benchmarks/prefill_ceiling.py [--output PATH]`` (JSON lines,
-then a table).
+then a table). Prompts of 8k to 128k tokens, with cuDNN's attention and the engine's path for
+them among the candidates: ``prefill_ceiling_long.py``.
 """
 
 from __future__ import annotations

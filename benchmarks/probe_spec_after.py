@@ -2,8 +2,9 @@
 verify steps cost and gain now (``bench_speculative.py``'s parts, shortened)?
 
 * ``kernels``: the decode kernel with several causal queries a row (``decode_queries``)
-  against the torch reference (bfloat16 and float32, with and without split keys), and the
-  verify-input and accept kernels against their references, on CUDA tensors.
+  against the torch reference (bfloat16 and float32, with and without split keys; over an
+  FP8 cache too), and the verify-input and accept kernels against their references, on CUDA
+  tensors.
 * ``verify``: the verify table for ``--ks`` (an engine each, dummy llama-3.2-3b).
   (``kernels`` runs only when asked: the other parts check the kernels end to end.)
 * ``quoting``: SmolLM2-135M (the GGUF), the quoting prompts, greedy, batch 1 and 8, n-gram
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_speculative
 from infer.attention.metadata import ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
+from infer.kernels.fp8 import to_fp8
 from infer.kernels.paged_attention import paged_attention
 from infer.kernels.verify_inputs import (
     ProposalMode,
@@ -55,9 +57,14 @@ def _device() -> torch.device:
 
 
 def _attention_case(
-    specs: list[tuple[int, int]], queries: int, dtype: torch.dtype, splits: int | None
+    specs: list[tuple[int, int]],
+    queries: int,
+    dtype: torch.dtype,
+    splits: int | None,
+    kv_scales: tuple[float, float] | None = None,
 ) -> float:
-    """Max abs error of the decode kernel against the reference on one batch."""
+    """Max abs error of the decode kernel against the reference on one batch (``kv_scales``:
+    over an FP8 cache holding K and V divided by them)."""
     cuda = _device()
     generator = torch.Generator().manual_seed(len(specs) * 7 + queries)
     heads, kv_heads, head_dim, block_size = 24, 8, 128, 16
@@ -73,8 +80,14 @@ def _attention_case(
     k = torch.randn(shape, generator=generator).to(cuda, dtype)
     v = torch.randn(shape, generator=generator).to(cuda, dtype)
     q = torch.randn(meta.positions.shape[0], heads, head_dim, generator=generator).to(cuda, dtype)
-    out = paged_attention(q, k, v, meta, head_dim**-0.5, num_splits=splits)
-    ref = paged_attention_torch(q.float(), k.float(), v.float(), meta, head_dim**-0.5)
+    if kv_scales is None:
+        out = paged_attention(q, k, v, meta, head_dim**-0.5, num_splits=splits)
+        ref = paged_attention_torch(q.float(), k.float(), v.float(), meta, head_dim**-0.5)
+    else:
+        k, v = to_fp8(k.float(), kv_scales[0]), to_fp8(v.float(), kv_scales[1])
+        scale = head_dim**-0.5
+        out = paged_attention(q, k, v, meta, scale, num_splits=splits, kv_scales=kv_scales)
+        ref = paged_attention_torch(q.float(), k, v, meta, scale, 0, kv_scales)
     return float((out.float() - ref).abs().max())
 
 
@@ -93,6 +106,16 @@ def kernels(_: argparse.Namespace) -> dict[str, Any]:
                 except Exception:
                     case.update(error=traceback.format_exc(limit=-3), ok=False)
                 results["attention"].append(case)
+    for splits in (1, 3, 7):  # verify rows over an FP8 cache (the combine kernel at 7)
+        case = {"dtype": "bfloat16, fp8 cache", "queries": 5, "splits": splits}
+        try:
+            error = _attention_case(
+                [(900, 5), (70, 3), (6, 5)], 5, torch.bfloat16, splits, (0.02, 0.03)
+            )
+            case.update(max_abs_error=error, ok=error < 2e-2)
+        except Exception:
+            case.update(error=traceback.format_exc(limit=-3), ok=False)
+        results["attention"].append(case)
     for name, check in (("verify_inputs_same", _verify_inputs_same), ("accept_same", _accept_same)):
         try:
             results[name] = check()

@@ -5,6 +5,7 @@
         --max-batch-size 4 --max-waiting-requests 8
     python benchmarks/reliability_probe.py cache-stats
     python benchmarks/reliability_probe.py kill-engine
+    python benchmarks/reliability_probe.py security
 
 - ``hostile``: the request bodies that crashed or stalled the server in issue 33's probe
   (grammar bombs, 100,000-entry lists, deep nesting, oversized inputs), one after another,
@@ -21,6 +22,11 @@
   states none; the burst must be shorter than that).
 - ``kill-engine``: ``kill -9`` of the engine process while a stream runs: how the stream
   ends, what ``/health`` says meanwhile, and whether (and when) the server exits.
+- ``security``: issue 53's attacks on a server with ``--api-key`` (``security_attacks``
+  below), one after another while ``/health`` is polled every 20 ms: each one's answer, the
+  seconds to it (and the bytes sent by then), the API process's peak memory during it and
+  its memory a second after, and the slowest ``/health`` meanwhile. Sizes scale with
+  ``--upload-mb`` (the issue's: 2048); ``--flood`` 7 MB ``/tokenize`` requests go at once.
 
 Arguments after ``--`` go to ``infer serve`` (``--model smollm2-135m --device cpu`` are
 given). ``--src DIR`` serves another checkout's ``src`` (e.g. an export of an older commit),
@@ -45,6 +51,7 @@ import httpx
 
 from infer.bench.idle_connections import IdleConnections
 from infer.server.launch import ServerProcess, spawn_server
+from security_attacks import SECURITY_ARGS, security
 
 BASE_ARGS = ["--model", "smollm2-135m", "--device", "cpu"]
 # One token: a single engine step, so the CPU's noise weighs less on the latency.
@@ -301,11 +308,22 @@ def kill_engine(server: ServerProcess, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("check", choices=["hostile", "lockout", "cache-stats", "kill-engine"])
+    parser.add_argument(
+        "check", choices=["hostile", "lockout", "cache-stats", "kill-engine", "security"]
+    )
     parser.add_argument("--idle", type=int, default=1000, help="silent connections (lockout)")
     parser.add_argument("--slow", type=int, default=100, help="trickling connections (lockout)")
     parser.add_argument("--requests", type=int, default=20, help="requests per phase")
     parser.add_argument("--wait", type=float, default=30.0, help="seconds watched after kill")
+    parser.add_argument(
+        "--upload-mb",
+        type=int,
+        default=2048,
+        help="the largest upload (security; the others scale with it)",
+    )
+    parser.add_argument(
+        "--flood", type=int, default=50, help="7 MB /tokenize requests sent at once (security)"
+    )
     parser.add_argument("--src", type=Path, help="serve this src directory instead")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -318,10 +336,12 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
         print(f"# this checkout: {commit}")
+    if args.check == "security":
+        serve_args = [*SECURITY_ARGS, *serve_args]
     print(f"# {args.check}: infer serve {' '.join(BASE_ARGS + serve_args)}")
     check = {"hostile": hostile, "lockout": lockout, "cache-stats": cache_stats,
-             "kill-engine": kill_engine}  # fmt: skip
-    with spawn_server([*BASE_ARGS, *serve_args]) as server:
+             "kill-engine": kill_engine, "security": security}  # fmt: skip
+    with spawn_server([*BASE_ARGS, *serve_args], access_log=args.check == "security") as server:
         check[args.check](server, args)
 
 

@@ -15,6 +15,33 @@ import torch
 # Triton kernels run under the interpreter on CPU-only machines (must be set before import).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _fix_interpreter_fp8_rounding() -> None:
+    """The interpreter's narrowing casts into float8 e4m3 lose the carry of a round-up into
+    the exponent (31.7 becomes 16, not 32); a GPU rounds to nearest. Tests of kernels that
+    write FP8 get torch's cast, which is the GPU's."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = interpreter._convert_float
+    sources = {tl.float32: torch.float32, tl.float16: torch.float16, tl.bfloat16: torch.bfloat16}
+
+    def convert(values: Any, src: Any, dst: Any, rounding_mode: Any) -> Any:
+        if dst != tl.float8e4nv or src not in sources:
+            return original(values, src, dst, rounding_mode)
+        bits = np.frombuffer(values.tobytes(), dtype=getattr(np, f"uint{src.primitive_bitwidth}"))
+        wide = torch.from_numpy(bits.copy()).view(sources[src])
+        return wide.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(values.shape)
+
+    interpreter._convert_float = convert
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _fix_interpreter_fp8_rounding()
 # Under pytest-xdist the workers (with the servers they start) already fill the cores: one
 # torch thread each, as more only spin against each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -97,6 +124,14 @@ TINY_CONFIGS["qwen3_yarn"] = {
     },
 }
 FAMILIES = ("llama", "qwen3", "gemma3")
+# A ``device`` parameter that runs on a CUDA GPU only (marked ``gpu``, skipped without one).
+CUDA_PARAM = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
 # Texts that tokenizers get wrong most often: accents, CJK, emoji sequences, whitespace runs.
 MIXED_SCRIPT_TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from infer.speculative_config import SpeculativeConfig
@@ -116,6 +118,13 @@ class RopeConfig:
             truncate=bool(scaling.get("truncate", True)),
             attention_factor=float(attention_factor),
         )
+
+
+def cache_dir() -> Path:
+    """Where infer keeps what it converts or compiles once for later runs (tokenizers,
+    kernels): ``INFER_CACHE_DIR``, or ``~/.cache/infer``."""
+    root = os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer"
+    return Path(root)
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -245,6 +254,12 @@ def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
     )
 
 
+# Tokens a step by default, and for a step with a long prompt's chunk (RESULTS.md, 14): a 16k
+# prompt then takes one step beside decode rows, as in vLLM's offline default.
+DEFAULT_STEP_TOKENS = 8192
+LONG_PREFILL_STEP_TOKENS = 16384
+
+
 @dataclass
 class EngineConfig:
     """Every engine option; each optimisation is a flag (CLI: ``--kebab-case`` of the name).
@@ -276,13 +291,22 @@ class EngineConfig:
     admission_reserve: float = 0.2
     use_chunked_prefill: bool | None = None  # on; off when static
     prefill_chunk_size: int = 384
+    long_prefill_threshold: int = 4096
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous
     use_cuda_graphs: bool | None = None
     max_graph_tokens: int = 2048
+    use_warm_up: bool | None = None  # the first traffic rehearsed before ready; on with CUDA
+    use_sdpa_prefill: bool = True
     use_async_scheduling: bool = True
     use_launch_pacing: bool = True
     tensor_parallel_size: int = 1
+    # The ranks over several nodes (torchrun's convention, ``distributed/layout.py``).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # one node: a free port; several: torchrun's default
+    dist_timeout: float = 120.0
     quantization: str | None = None  # fp8: weights quantised at load (FP8 checkpoints: as is)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8: e4m3, a scale per tensor
     # A dict or its JSON text is parsed at construction (the CLI's and ``LLM``'s shapes).
@@ -384,6 +408,11 @@ class EngineConfig:
             f"must be >= 1, got {self.prefill_chunk_size}",
         )
         _check(
+            self.long_prefill_threshold >= 0,
+            "long_prefill_threshold",
+            f"must be >= 0, got {self.long_prefill_threshold}",
+        )
+        _check(
             self.max_prefill_chunks_per_step is None or self.max_prefill_chunks_per_step >= 1,
             "max_prefill_chunks_per_step",
             f"must be >= 1 or None, got {self.max_prefill_chunks_per_step}",
@@ -404,12 +433,6 @@ class EngineConfig:
             f"must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}",
         )
         _check(
-            self.kv_cache_dtype == "auto" or self.resolved_device.type == "cpu",
-            "kv_cache_dtype",
-            "'fp8' is read by the torch attention path only; the Triton kernels (CUDA) "
-            "do not read an FP8 cache yet (issue 37)",
-        )
-        _check(
             self.dtype is None or self.dtype in _DTYPES,
             "dtype",
             f"must be one of {sorted(_DTYPES)}, got {self.dtype!r}",
@@ -424,6 +447,7 @@ class EngineConfig:
             "tensor_parallel_size",
             f"must be >= 1, got {self.tensor_parallel_size}",
         )
+        self._validate_nodes()
         static = self.batching_mode == "static"
         _check(
             not (static and self.kv_cache_backend == "paged"),
@@ -465,6 +489,28 @@ class EngineConfig:
                 "ranks use cuda:0, cuda:1, ...; leave device as 'cuda'",
             )
 
+    def _validate_nodes(self) -> None:
+        _check(self.nnodes >= 1, "nnodes", f"must be >= 1, got {self.nnodes}")
+        _check(
+            self.tensor_parallel_size % self.nnodes == 0,
+            "nnodes",
+            f"{self.nnodes} nodes cannot share tensor_parallel_size {self.tensor_parallel_size} "
+            "evenly (each node runs tensor_parallel_size / nnodes ranks)",
+        )
+        _check(
+            0 <= self.node_rank < self.nnodes,
+            "node_rank",
+            f"must be in [0, nnodes - 1] = [0, {self.nnodes - 1}], got {self.node_rank}",
+        )
+        _check(
+            self.master_port is None or 0 < self.master_port < 65536,
+            "master_port",
+            f"must be in [1, 65535], got {self.master_port}",
+        )
+        _check(
+            self.dist_timeout > 0, "dist_timeout", f"must be > 0 seconds, got {self.dist_timeout}"
+        )
+
     # Resolved values (the machine's choices for the ``None`` fields).
     @property
     def resolved_device(self) -> torch.device:
@@ -498,6 +544,12 @@ class EngineConfig:
             )
         return self.use_cuda_graphs
 
+    @property
+    def warm_up_enabled(self) -> bool:
+        if self.use_warm_up is None:
+            return self.resolved_device.type == "cuda"
+        return self.use_warm_up
+
     def resolved_max_seq_len(self, model: ModelConfig) -> int:
         """The context asked for: ``max_seq_len``, else the model's whole context (the KV
         cache's builder lowers the latter where the cache holds less)."""
@@ -513,10 +565,20 @@ class EngineConfig:
 
     def resolved_max_num_batched_tokens(self, max_seq_len: int) -> int:
         """Per-step token budget; without chunking a whole prompt must fit in one step."""
-        budget = self.max_num_batched_tokens or 8192
+        budget = self.max_num_batched_tokens or DEFAULT_STEP_TOKENS
         if not self.use_chunked_prefill:
             budget = max(budget, max_seq_len)
         return max(budget, self.max_batch_size if self.batching_mode == "continuous" else 1)
+
+    def resolved_long_prefill_step_tokens(self, max_seq_len: int) -> int:
+        """The budget of a step that carries a long prompt's chunk (a sequence longer than
+        ``long_prefill_threshold``): ``LONG_PREFILL_STEP_TOKENS`` unless
+        ``max_num_batched_tokens`` was given (then that, for every step)."""
+        budget = self.resolved_max_num_batched_tokens(max_seq_len)
+        fixed = self.max_num_batched_tokens is not None or self.long_prefill_threshold == 0
+        if fixed or not self.use_chunked_prefill:
+            return budget
+        return max(budget, LONG_PREFILL_STEP_TOKENS)
 
     def blocks_per_contiguous_slot(self, max_seq_len: int) -> int:
         return math.ceil(max_seq_len / self.block_size)

@@ -7,11 +7,11 @@ transformers; the conversion is slow, so its result is cached on disk and reused
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.config import cache_dir
 from infer.text_pieces import TextPieces
 
 Message = dict[str, Any]
@@ -61,10 +62,9 @@ class ChatTemplateArgs:
 DEFAULT_TEMPLATE_ARGS = ChatTemplateArgs()
 
 
-def cache_dir() -> Path:
-    """Where converted tokenizers live (``INFER_CACHE_DIR`` or ``~/.cache/infer``)."""
-    root = os.environ.get("INFER_CACHE_DIR") or Path.home() / ".cache" / "infer"
-    return Path(root)
+# How many times shorter a normalizer may make a text, at most: NFC joins a letter and its
+# accents, and a Hangul syllable's three parts, into one character.
+_SHORTENING_MARGIN = 4
 
 
 class Tokenizer:
@@ -97,6 +97,15 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of a text one token can stand for: the longest vocabulary
+        string (a byte-level vocabulary writes one character per byte of text, a
+        SentencePiece one a character per character, added tokens as they are), times
+        ``_SHORTENING_MARGIN`` where a normalizer may shorten the text first."""
+        longest = max(map(len, self.rust.get_vocab(with_added_tokens=True)), default=1) or 1
+        return longest if self.rust.normalizer is None else longest * _SHORTENING_MARGIN
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt (with the BOS token when the model expects one)."""

@@ -1,11 +1,18 @@
-"""On a GPU: FP8 weights through ``torch._scaled_mm`` compute what the CPU reference of the
-same W8A8 math computes, and CUDA graphs (which capture the FP8 matmuls) change nothing."""
+"""On a GPU: FP8 weights (W8A16 kernel for few rows, ``torch._scaled_mm`` for many) compute
+what the CPU reference of the same math computes; an FP8 KV cache written and read by the
+Triton kernels matches the torch attention path over the same cache; CUDA graphs (which
+capture both) change nothing."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tests.gpu.test_models_gpu import CONFIGS, _generate, checkpoints  # noqa: F401 (fixture)
+from tests.gpu.test_models_gpu import (  # noqa: F401 (fixture)
+    CONFIGS,
+    _generate,
+    _torch_attention,
+    checkpoints,
+)
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.loader import load_model, resolve_model
@@ -14,8 +21,13 @@ from infer.models import DecoderModel
 pytestmark = pytest.mark.gpu
 
 
-def _prefill_logits(model: DecoderModel, prompt: list[int], device: torch.device) -> torch.Tensor:
-    config, dtype = model.config, model.lm_head.weight.dtype
+def _prefill_logits(
+    model: DecoderModel,
+    prompt: list[int],
+    device: torch.device,
+    kv_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    config, dtype = model.config, kv_dtype or model.lm_head.weight.dtype
     blocks = -(-len(prompt) // 16)
     shape = (config.num_layers, blocks, config.num_kv_heads, 16, config.head_dim)
     model.bind_kv_cache(
@@ -61,3 +73,37 @@ def test_cuda_graphs_replay_the_fp8_model(
 ) -> None:
     eager = _generate(checkpoints[family], quantization="fp8", use_cuda_graphs=False)
     assert _generate(checkpoints[family], quantization="fp8") == eager
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_cuda_graphs_replay_fp8_weights_and_an_fp8_cache(
+    family: str,
+    checkpoints: dict[str, str],  # noqa: F811
+) -> None:
+    options = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    eager = _generate(checkpoints[family], use_cuda_graphs=False, **options)
+    assert _generate(checkpoints[family], **options) == eager
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_triton_reads_an_fp8_cache_as_the_torch_path_does(
+    family: str,
+    checkpoints: dict[str, str],  # noqa: F811
+) -> None:
+    """Prefill logits over an FP8 cache (the K/V write and attention kernels, windows for
+    Gemma) against the torch path's over one; the FP8 cache's own error (against bf16)
+    is the yardstick: the two readings must be closer to each other than to it."""
+    source = resolve_model(checkpoints[family])
+    prompt = list(range(10, 310))
+    cuda = torch.device("cuda")
+    model, _ = load_model(source, cuda, torch.bfloat16, 1024, "dummy")
+    logits = {"triton": _prefill_logits(model, prompt, cuda, torch.float8_e4m3fn)}
+    with _torch_attention():
+        logits["torch"] = _prefill_logits(model, prompt, cuda, torch.float8_e4m3fn)
+        logits["bf16"] = _prefill_logits(model, prompt, cuda)
+
+    def distance(a: str, b: str) -> float:
+        return float((logits[a] - logits[b]).norm() / logits[b].norm())
+
+    assert distance("triton", "torch") < max(0.5 * distance("torch", "bf16"), 0.02)
+    assert distance("torch", "bf16") > 0  # the cache really was FP8

@@ -145,6 +145,7 @@ def test_cuda_graphs_and_engine_modes_change_nothing(
     )
     assert _generate(path) == eager  # defaults: graphs, chunked prefill, prefix caching
     assert _generate(path, prefill_chunk_size=16, max_prefill_chunks_per_step=2) == eager
+    assert _generate(path, prefill_chunk_size=16, long_prefill_threshold=0) == eager
     preempting = {"num_gpu_blocks": 40, "max_seq_len": 640, "admission_reserve": 0.0}
     assert _generate(path, **preempting) == eager  # preemption
     assert (
@@ -195,7 +196,8 @@ def test_prompt_logprobs_are_the_same_with_graphs_chunks_and_a_cached_prefix(
     eager = _prompt_logprobs(
         path, use_cuda_graphs=False, use_chunked_prefill=False, use_prefix_caching=False
     )
-    for options in ({}, {"prefill_chunk_size": 16}):  # defaults: graphs, chunks, prefix cache
+    chunks = {"prefill_chunk_size": 16, "long_prefill_threshold": 0}
+    for options in ({}, chunks):  # defaults: graphs, chunks, prefix cache
         for ours, reference in zip(_prompt_logprobs(path, **options), eager, strict=True):
             torch.testing.assert_close(
                 torch.tensor(ours), torch.tensor(reference), atol=0.1, rtol=0.02

@@ -75,3 +75,20 @@ def test_the_kernel_draws_the_reference_tokens_at_a_real_vocabulary() -> None:
     )
     got = sample_filtered(logits.to(cuda), on_gpu, TokenMask(bits.to(cuda), mask_rows.to(cuda)))
     assert (got.cpu() == expected).float().mean() >= 0.99  # float sums may differ at an edge
+
+
+def test_batches_of_every_size_share_one_kernel_variant() -> None:
+    """The per-row settings start 16-byte aligned whatever the batch, so Triton builds one
+    sampling variant for them all (the first burst after ready compiled two more)."""
+    from infer.kernels.jit_log import JIT_LOG
+
+    assert JIT_LOG.install()
+    params = SamplingParams(temperature=1.0)
+    start = len(JIT_LOG.variants)
+    for batch in range(1, 9):
+        requests = [Request(str(i), [1, 2], 2, params, seed=i) for i in range(batch)]
+        rows = SamplingBatch.from_requests(requests, VOCAB, torch.device("cuda"))
+        sample(torch.randn(batch, VOCAB, device="cuda", dtype=torch.bfloat16), rows)
+    torch.cuda.synchronize()
+    built = [v for v in JIT_LOG.variants[start:] if v.name == "_sample_kernel"]
+    assert len(built) <= 1, [v.specialization for v in built]

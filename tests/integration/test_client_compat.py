@@ -1,21 +1,39 @@
 """Real clients, unchanged, against a real server on the embedded model: the official
 ``openai`` client (sync, async, streams, ``parse``, tools, ``responses.create``,
-``models.retrieve``) and LangChain's ``ChatOpenAI`` (invoke, stream, batch, ``bind_tools``,
-``with_structured_output``). What each client sees is checked, not only that it ran."""
+``models.retrieve``), LangChain's ``ChatOpenAI`` (invoke, stream, batch, ``bind_tools``,
+``with_structured_output``), litellm (chat and tool loops that append the message it
+returned), instructor (TOOLS, JSON_SCHEMA, Partial) and the OpenAI Agents SDK (a tool round
+trip through its Chat Completions and Responses models, streamed and not). What each client
+sees is checked, not only that it ran.
+
+The client libraries are the dev extras: without them the module is skipped. litellm and the
+Agents SDK take seconds to import, so only the tests that use them do."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import json
+import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 import openai
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+
+pytest.importorskip("langchain_core")
+pytest.importorskip("langchain_openai")
+instructor = pytest.importorskip("instructor")
+for _library in ("litellm", "agents"):  # found here, imported by the tests that use them
+    if importlib.util.find_spec(_library) is None:
+        pytest.skip(f"{_library} is not installed (the dev extras)", allow_module_level=True)
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
+from pydantic import BaseModel, ConfigDict  # noqa: E402
 
 T = TypeVar("T")
 MODEL = "smollm2-135m"
@@ -141,19 +159,28 @@ def test_openai_forced_and_named_tool_calls(client: openai.OpenAI) -> None:
 
 def _streamed_message(client: openai.OpenAI, **request: Any) -> dict[str, Any]:
     """The assistant message an agent framework builds from a stream: deltas joined, each
-    tool call's ``index`` kept (as ``ChoiceDeltaToolCall.model_dump()`` gives it)."""
+    tool call's ``index`` kept (as ``ChoiceDeltaToolCall.model_dump()`` gives it). A forced
+    call streams as OpenAI's do: no content, not even empty (the Agents SDK would record an
+    empty message), then each call's id and name, then its arguments in pieces."""
     message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
+    pieces = 0
     for chunk in client.chat.completions.create(**request, stream=True):
         delta = chunk.choices[0].delta
+        assert delta.content is None or request.get("tool_choice") != "required"
         if delta.content:
             message["content"] = (message["content"] or "") + delta.content
         for piece in delta.tool_calls or []:
             calls = message["tool_calls"]
             if piece.index == len(calls):
+                assert piece.id and piece.function and piece.function.name
                 calls.append(piece.model_dump())
             else:
+                assert piece.id is None
                 function = calls[piece.index]["function"]
                 function["arguments"] += piece.function.arguments or ""  # type: ignore[union-attr]
+                pieces += 1
+    if message["tool_calls"] and chunk.choices[0].finish_reason == "tool_calls":
+        assert pieces > len(message["tool_calls"])  # the arguments came in several pieces
     return message
 
 
@@ -279,3 +306,178 @@ def test_langchain_structured_output(chat_model: ChatOpenAI, options: dict[str, 
     structured = roomier(chat_model).with_structured_output(City, **options)
     city = after_first_use(lambda: structured.invoke("Describe Paris as a city."))
     assert isinstance(city, City) and city.name
+
+
+# --- what the clients of issue 55 found: tool calls as they stream, parameters, routes -----
+def test_openai_a_forced_call_cut_off_by_max_tokens_is_a_partial_call(
+    client: openai.OpenAI,
+) -> None:
+    forced: dict[str, Any] = dict(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER], tool_choice="required", max_tokens=14, temperature=0,
+    )  # fmt: skip
+    whole = client.chat.completions.create(**forced).choices[0]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    assert whole.message.tool_calls and whole.message.tool_calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    cut = whole.message.tool_calls[0].function.arguments  # type: ignore[union-attr]
+    assert cut.startswith("{") and not cut.endswith("}")  # the arguments, as far as written
+    streamed = _streamed_message(client, **forced)
+    assert streamed["content"] is None
+    assert streamed["tool_calls"][0]["function"]["arguments"] == cut
+
+
+def test_openai_current_parameters_are_accepted(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_completion_tokens=4, temperature=0,
+        prompt_cache_key="geo", safety_identifier="user-1", verbosity=None, metadata={},
+        service_tier="auto", store=False, reasoning_effort="low",
+    )  # fmt: skip
+    assert chat.choices[0].message.content
+    response = client.responses.create(
+        model=MODEL, input="What is the capital of France?", max_output_tokens=4,
+        temperature=0, top_logprobs=2, include=["message.output_text.logprobs"],
+        truncation="auto", max_tool_calls=1, background=False, metadata={"run": "1"},
+        prompt_cache_key="geo", text={"verbosity": "medium"}, conversation=None, prompt=None,
+    )  # fmt: skip
+    text = response.output[0].content[0]  # type: ignore[union-attr]
+    assert text.logprobs and len(text.logprobs[0].top_logprobs) == 2  # type: ignore[union-attr]
+    assert response.metadata == {"run": "1"} and response.prompt_cache_key == "geo"
+    assert response.truncation == "auto" and response.top_logprobs == 2
+
+
+def test_openai_embeddings_say_this_model_does_not_serve_them(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="embeddings are not served by this model"):
+        client.embeddings.create(model=MODEL, input="hi")
+
+
+# --- litellm ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def litellm() -> ModuleType:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
+    module = importlib.import_module("litellm")
+    module.telemetry = False
+    module.suppress_debug_info = True
+    return module
+
+
+def test_litellm_multi_turn_chat_appends_the_returned_message(
+    litellm: ModuleType, url: str
+) -> None:
+    """Each answer appended as litellm returned it; the second as litellm before 1.8x sent
+    it back, with ``provider_specific_fields`` (which a strict server refused)."""
+    ask = dict(model=f"openai/{MODEL}", api_base=f"{url}/v1", api_key="unused",
+               max_tokens=8, temperature=0)  # fmt: skip
+    messages: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+    first = litellm.completion(messages=messages, **ask).choices[0].message
+    assert "Paris" in first.content
+    messages += [first, {"role": "user", "content": "And of Italy?"}]
+    second = litellm.completion(messages=messages, **ask).choices[0].message
+    assert second.content
+    sent_back = {**second.model_dump(), "provider_specific_fields": {"refusal": None}}
+    messages += [sent_back, {"role": "user", "content": "And of Spain?"}]
+    chunks = list(litellm.completion(messages=messages, stream=True, **ask))
+    streamed = litellm.stream_chunk_builder(chunks, messages=messages).choices[0].message
+    assert streamed.content
+
+
+def test_litellm_tool_loop_appends_the_returned_message(litellm: ModuleType, url: str) -> None:
+    ask = dict(model=f"openai/{MODEL}", api_base=f"{url}/v1", api_key="unused",
+               tools=[WEATHER], temperature=0)  # fmt: skip
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for stream in (False, True):
+        if stream:
+            chunks = list(litellm.completion(messages=messages, tool_choice="required",
+                                             max_tokens=40, stream=True, **ask))  # fmt: skip
+            message = litellm.stream_chunk_builder(chunks, messages=messages).choices[0].message
+        else:
+            message = (
+                litellm.completion(messages=messages, tool_choice="required", max_tokens=40, **ask)
+                .choices[0]
+                .message
+            )
+        assert message.tool_calls and message.tool_calls[0].function.name == "get_weather"
+        messages.append(message)
+        for call in message.tool_calls:
+            city = json.loads(call.function.arguments)["city"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": get_weather(city)})
+    answer = litellm.completion(messages=messages, max_tokens=2, **ask).choices[0].message
+    assert answer.content or answer.tool_calls  # the history it sent back was taken
+
+
+# --- instructor ------------------------------------------------------------------------------
+class Place(BaseModel):
+    """A city as instructor asks for it: no other keys (SmolLM2 adds some where it may)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    country: str
+
+
+def test_instructor_tools_and_json_schema_modes(client: openai.OpenAI) -> None:
+    ask: dict[str, Any] = dict(
+        model=MODEL, response_model=Place, max_tokens=40, temperature=0, max_retries=0,
+        messages=[{"role": "user", "content": "Describe Paris."}],
+    )  # fmt: skip
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        place = instructor.from_openai(client, mode=mode).chat.completions.create(**ask)
+        assert isinstance(place, Place) and place.name, mode
+    # instructor up to 1.3 sent JSON_SCHEMA mode's schema as response_format.schema
+    schema = Place.model_json_schema()
+    old = client.chat.completions.create(
+        model=MODEL, messages=ask["messages"], max_tokens=40, temperature=0,
+        response_format={"type": "json_object", "schema": schema},  # type: ignore[typeddict-unknown-key]
+    )  # fmt: skip
+    Place.model_validate_json(old.choices[0].message.content or "")
+
+
+def test_instructor_partial_streams_a_growing_object(client: openai.OpenAI) -> None:
+    structured = instructor.from_openai(client, mode=instructor.Mode.TOOLS)
+    ask: dict[str, Any] = dict(
+        model=MODEL, response_model=Place, max_tokens=40, temperature=0, max_retries=0,
+        messages=[{"role": "user", "content": "Describe Paris."}],
+    )  # fmt: skip
+    partials = list(structured.chat.completions.create_partial(**ask))
+    assert partials[-1].name and partials[-1].country
+    assert any(p.name and not p.country for p in partials)  # the name came before the rest
+
+
+# --- the OpenAI Agents SDK -------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "streamed"])
+@pytest.mark.parametrize("api", ["chat_completions", "responses"])
+def test_agents_sdk_tool_round_trip(url: str, api: str, stream: bool) -> None:
+    """The agent calls the tool (forced), gets its result, and answers (its tool choice
+    reset to auto). Its first model response holds the call alone: no empty message."""
+    agents = importlib.import_module("agents")
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return get_weather(city)
+
+    async def run() -> Any:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        model_class = (
+            agents.OpenAIChatCompletionsModel if api == "chat_completions"
+            else agents.OpenAIResponsesModel
+        )  # fmt: skip
+        agent = agents.Agent(
+            name="weather", instructions="Answer briefly.", tools=[weather],
+            model=model_class(MODEL, client),
+            model_settings=agents.ModelSettings(temperature=0, max_tokens=40,
+                                                tool_choice="required"),
+        )  # fmt: skip
+        question = "What is the weather in Paris?"
+        if not stream:
+            return await agents.Runner.run(agent, question, max_turns=3)
+        result = agents.Runner.run_streamed(agent, question, max_turns=3)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    result = asyncio.run(run())
+    kinds = [type(item).__name__ for item in result.new_items]
+    assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"]
+    assert [item.type for item in result.raw_responses[0].output] == ["function_call"]
+    assert "sunny in Paris" in str(result.new_items[1].output)
+    assert result.final_output

@@ -42,6 +42,7 @@ def url() -> Iterator[str]:
         max_seq_len=1024,
         max_batch_size=8,
         prefill_chunk_size=32,  # a prompt runs in chunks, as the page shows
+        long_prefill_threshold=0,
         use_prefix_caching=True,
     )
     server = build_server(config, port=0, api_key=KEY, log_level="warning")

@@ -38,7 +38,9 @@ def _drain(engine: Engine) -> dict[str, list]:  # type: ignore[type-arg]
 
 
 def test_intermediate_prefill_chunks_emit_nothing(llama: str) -> None:
-    engine = _engine(llama, prefill_chunk_size=8, use_async_scheduling=False)
+    engine = _engine(
+        llama, prefill_chunk_size=8, long_prefill_threshold=0, use_async_scheduling=False
+    )
     engine.add_request(list(range(3, 30)), GREEDY, request_id="long")  # 4 chunks
     emitted = [len(engine.step()) for _ in range(4)]
     assert emitted == [0, 0, 0, 1]
@@ -48,7 +50,7 @@ def test_intermediate_prefill_chunks_emit_nothing(llama: str) -> None:
 def test_with_async_scheduling_the_next_chunk_is_in_flight_when_a_step_returns(
     llama: str,
 ) -> None:
-    engine = _engine(llama, prefill_chunk_size=8)
+    engine = _engine(llama, prefill_chunk_size=8, long_prefill_threshold=0)
     engine.add_request(list(range(3, 30)), GREEDY, request_id="long")  # 4 chunks
     computed = []
     for _ in range(4):
@@ -61,7 +63,7 @@ def test_with_async_scheduling_the_next_chunk_is_in_flight_when_a_step_returns(
 def test_a_failed_step_fails_its_requests_frees_their_blocks_and_keeps_serving(
     llama: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = _engine(llama, prefill_chunk_size=8)
+    engine = _engine(llama, prefill_chunk_size=8, long_prefill_threshold=0)
     engine.add_request(list(range(3, 30)), GREEDY, request_id="victim")
     engine.step()  # first chunk runs fine
     original = engine.runner.launch
@@ -271,8 +273,8 @@ def test_chunk_boundaries_give_the_same_tokens_as_whole_prefills(llama: str) -> 
         return [r.outputs[0].token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
 
     whole = greedy(use_chunked_prefill=False)
-    assert greedy(prefill_chunk_size=16) == whole
-    assert greedy(prefill_chunk_size=64) == whole
+    assert greedy(prefill_chunk_size=16, long_prefill_threshold=0) == whole
+    assert greedy(prefill_chunk_size=64, long_prefill_threshold=0) == whole
 
 
 def test_chunked_and_whole_prefill_give_the_same_first_token_logprobs(llama: str) -> None:
@@ -286,7 +288,7 @@ def test_chunked_and_whole_prefill_give_the_same_first_token_logprobs(llama: str
         return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].logprobs[0].top
 
     whole = first_logprobs(use_chunked_prefill=False)
-    chunked = first_logprobs(prefill_chunk_size=8)
+    chunked = first_logprobs(prefill_chunk_size=8, long_prefill_threshold=0)
     assert list(chunked) == list(whole)
     assert list(chunked.values()) == pytest.approx(list(whole.values()), abs=1e-5)
 
@@ -294,7 +296,9 @@ def test_chunked_and_whole_prefill_give_the_same_first_token_logprobs(llama: str
 def test_the_cache_holds_exactly_the_prefilled_tokens_after_every_chunk(llama: str) -> None:
     """Seed 001 exit 12: the pool's length equals the request's prefill progress (with
     nothing in flight: async scheduling counts the queued chunk too)."""
-    engine = _engine(llama, prefill_chunk_size=8, use_async_scheduling=False)
+    engine = _engine(
+        llama, prefill_chunk_size=8, long_prefill_threshold=0, use_async_scheduling=False
+    )
     engine.add_request(list(range(3, 30)), GREEDY, request_id="r")
     for expected in (8, 16, 24, 27):
         engine.step()

@@ -26,11 +26,22 @@ MODES: dict[str, dict[str, Any]] = {
     },
     "paged": {"use_chunked_prefill": False, "use_prefix_caching": False},
     "synchronous": {"use_async_scheduling": False},
-    "chunk-1": {"prefill_chunk_size": 1},
-    "chunk-7": {"prefill_chunk_size": 7},
-    "chunk-16": {"prefill_chunk_size": 16},
+    "chunk-1": {"prefill_chunk_size": 1, "long_prefill_threshold": 0},
+    "chunk-7": {"prefill_chunk_size": 7, "long_prefill_threshold": 0},
+    "chunk-16": {"prefill_chunk_size": 16, "long_prefill_threshold": 0},
     "chunk-512": {"prefill_chunk_size": 512},
-    "chunk-7-two-per-step": {"prefill_chunk_size": 7, "max_prefill_chunks_per_step": 2},
+    "chunk-7-two-per-step": {
+        "prefill_chunk_size": 7,
+        "max_prefill_chunks_per_step": 2,
+        "long_prefill_threshold": 0,
+    },
+    # budget-sized chunks (4 rows, 24 tokens a step) for prompts over 30 tokens or alone
+    "chunk-by-length": {
+        "prefill_chunk_size": 7,
+        "long_prefill_threshold": 30,
+        "max_batch_size": 4,
+        "max_num_batched_tokens": 24,
+    },
     "static": {
         "batching_mode": "static",
         "kv_cache_backend": "contiguous",
@@ -43,6 +54,7 @@ MODES: dict[str, dict[str, Any]] = {
         "block_size": 4,
         "max_seq_len": 80,
         "prefill_chunk_size": 16,
+        "long_prefill_threshold": 0,
         "admission_reserve": 0.0,
     },
 }

@@ -115,7 +115,7 @@ def test_smollm2_prompt_logprobs_match_transformers_chunked_and_cached(
     scoring request must still compute every position)."""
     llm = LLM(
         "smollm2-135m", num_gpu_blocks=64, max_seq_len=256, use_chunked_prefill=True,
-        prefill_chunk_size=16, use_prefix_caching=True,
+        prefill_chunk_size=16, long_prefill_threshold=0, use_prefix_caching=True,
     )  # fmt: skip
     prompt = llm.engine.encode_prompt(
         "The capital of France is Paris. The capital of Germany is Berlin. The capital of "

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from infer.config import SUPPORTED_MODEL_TYPES, EngineConfig, ModelConfig, RopeConfig
+from infer.config import (
+    SUPPORTED_MODEL_TYPES,
+    EngineConfig,
+    ModelConfig,
+    RopeConfig,
+    cache_dir,
+)
 from infer.loader.presets import preset_config, preset_names
 
 # Published HF config.json values (a copy of the team's shared/reference/model_configs.json).
@@ -284,11 +290,16 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"max_prefill_chunks_per_step": 0}, "max_prefill_chunks_per_step"),
     ({"quantization": "int8"}, "quantization"),
     ({"kv_cache_dtype": "fp16"}, "kv_cache_dtype"),
-    ({"kv_cache_dtype": "fp8", "device": "cuda"}, "kv_cache_dtype"),  # Triton reads no FP8
     ({"dtype": "float64"}, "dtype"),
     ({"device": "tpu"}, "device"),
     ({"device": "cudafoo"}, "device"),
+    ({"nnodes": 0}, "nnodes"),
+    ({"master_port": 70000}, "master_port"),
+    ({"dist_timeout": 0}, "dist_timeout"),
     # Combinations.
+    ({"tensor_parallel_size": 4, "nnodes": 3}, "nnodes"),  # 4 ranks do not split over 3
+    ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 2}, "node_rank"),
+    ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": -1}, "node_rank"),
     ({**STATIC, "kv_cache_backend": "paged"}, "kv_cache_backend"),
     ({**STATIC, "use_chunked_prefill": True}, "use_chunked_prefill"),
     ({"kv_cache_backend": "contiguous", "use_prefix_caching": True}, "use_prefix_caching"),
@@ -437,3 +448,34 @@ def test_explicit_contradictions_name_both_flags(
 ) -> None:
     with pytest.raises(ValueError, match=rf"^{flag}: .*{other}="):
         EngineConfig(**options)
+
+
+def test_cache_dir_is_infer_cache_dir_or_home_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("INFER_CACHE_DIR", raising=False)
+    assert cache_dir() == Path.home() / ".cache" / "infer"
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_the_warm_up_is_on_with_cuda_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not EngineConfig(device="cpu").warm_up_enabled
+    assert EngineConfig(device="cpu", use_warm_up=True).warm_up_enabled
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert EngineConfig(device="cuda").warm_up_enabled
+    assert not EngineConfig(device="cuda", use_warm_up=False).warm_up_enabled
+
+
+def test_a_long_prompts_step_budget_is_16384_unless_the_budget_was_given() -> None:
+    config = EngineConfig(device="cpu")
+    assert config.resolved_max_num_batched_tokens(131072) == 8192
+    assert config.resolved_long_prefill_step_tokens(131072) == 16384
+    given = EngineConfig(device="cpu", max_num_batched_tokens=4096)
+    assert given.resolved_long_prefill_step_tokens(131072) == 4096
+    fixed = EngineConfig(device="cpu", long_prefill_threshold=0)  # the fixed-chunk policy
+    assert fixed.resolved_long_prefill_step_tokens(131072) == 8192
+    whole = EngineConfig(device="cpu", use_chunked_prefill=False)  # a whole prompt a step
+    assert whole.resolved_long_prefill_step_tokens(4096) == 8192
+    with pytest.raises(ValueError, match=r"^long_prefill_threshold: must be >= 0"):
+        EngineConfig(device="cpu", long_prefill_threshold=-1)

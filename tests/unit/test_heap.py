@@ -11,12 +11,14 @@ import weakref
 
 import pytest
 
+from infer import heap
 from infer.heap import (
     BUSY_COLLECTION_INTERVAL_S,
     IDLE_COLLECTION_INTERVAL_S,
     IdleCollections,
     freeze_heap,
     frozen_heap,
+    give_back_memory,
 )
 
 pytestmark = pytest.mark.usefixtures("unfrozen_heap")
@@ -139,3 +141,28 @@ def test_under_load_that_never_lets_up_a_full_collection_still_comes() -> None:
         assert not collections.collect_if_due(idle=False)
         clock.now += 1
         assert collections.collect_if_due(idle=False)
+
+
+def test_giving_back_memory_frees_cycles_then_trims_the_allocator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    trims: list[int] = []
+
+    class FakeLibc:
+        def malloc_trim(self, pad: int) -> None:
+            trims.append(pad)
+
+    monkeypatch.setattr(heap, "_glibc", FakeLibc)
+    gc.disable()  # the cycle stays until collected
+    try:
+        ref = weakref.ref(Node())
+        assert ref() is not None
+        give_back_memory()
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert trims == [0]

@@ -14,7 +14,7 @@ PACKAGE = Path(infer.__file__).parent
 
 # Lowest first; one set per layer.
 LAYERS: list[set[str]] = [
-    {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads"},
+    {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads", "routing"},
     {"tokenizer"},
     {"kernels"},
     {"attention"},
@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"engine"},
     {"bench", "kvsim", "dashboard"},
     {"server"},
+    {"router"},
     {"cli"},
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
@@ -63,10 +64,19 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     assert upward == []
 
 
-def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -> None:
-    probe = (
-        "import sys; from infer import SamplingParams; SamplingParams(max_tokens=4); "
-        "print('torch' in sys.modules, 'llguidance' in sys.modules)"
-    )
+def _loaded(code: str, modules: set[str]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
+    probe = f"import sys; {code}; print(sorted({modules!r} & sys.modules.keys()))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.stdout.strip() == "False False", done.stderr
+    assert done.returncode == 0, done.stderr
+    return list(ast.literal_eval(done.stdout.strip()))
+
+
+def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -> None:
+    code = "from infer import SamplingParams; SamplingParams(max_tokens=4)"
+    assert _loaded(code, {"torch", "llguidance"}) == []
+
+
+def test_the_routing_policy_loads_neither_torch_nor_the_http_stack() -> None:
+    code = "from infer.routing import CacheAwarePolicy; CacheAwarePolicy().add_worker('a')"
+    assert _loaded(code, {"torch", "fastapi", "httpx"}) == []

@@ -15,9 +15,10 @@ from tests.conftest import MIXED_SCRIPT_TEXTS
 
 import infer.tokenizer as tokenizer_module
 from infer import LLM, SamplingParams
+from infer.config import cache_dir
 from infer.engine.request import RequestOutput
 from infer.loader.presets import embedded_model_path
-from infer.tokenizer import Tokenizer, cache_dir
+from infer.tokenizer import Tokenizer
 
 TEXTS = [
     *MIXED_SCRIPT_TEXTS,
@@ -83,11 +84,6 @@ def test_cache_dir_follows_infer_cache_dir(
     (moved / "chat_template.jinja").write_text("moved {{ 1 }}")
     loaded = Tokenizer.load(embedded_model_path())
     assert loaded is not None and loaded.hf.chat_template == "moved {{ 1 }}"
-
-
-def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INFER_CACHE_DIR", raising=False)
-    assert cache_dir() == Path.home() / ".cache" / "infer"
 
 
 def test_checkpoint_without_tokenizer_files(tiny_checkpoint: Callable[[str], Path]) -> None:

@@ -10,13 +10,16 @@ same case with different lengths.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from infer.kernels.ragged_batch import RaggedBatch
+
+if TYPE_CHECKING:
+    from infer.attention.long_prefill import LongPrefill
 
 
 @dataclass
@@ -29,6 +32,8 @@ class AttentionMetadata(RaggedBatch):
     slot_mapping: Tensor = field(kw_only=True)
     # Per-step values derived once and shared by all layers (e.g. the torch backend's plan).
     derived: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    # Rows that run torch's fused attention instead of the Triton kernels (eager steps).
+    long_prefill: LongPrefill | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -129,9 +134,11 @@ def host_batch(
 
 
 def build_metadata(
-    seqs: list[ScheduledSequence], block_size: int, device: torch.device
+    seqs: list[ScheduledSequence], block_size: int, device: torch.device, long_rows_from: int = 0
 ) -> tuple[Tensor, AttentionMetadata]:
-    """Input ids ``[T]`` and metadata of a step, copied to ``device`` in one transfer."""
+    """Input ids ``[T]`` and metadata of a step, copied to ``device`` in one transfer.
+    ``long_rows_from``: rows with this many new tokens or more take the fused attention path
+    (``attention.long_prefill``; 0: none does)."""
     host = host_batch(seqs, block_size)
     dev = {name: view if name in _INT64 else view.int() for name, view in
            host.to_device(device).items()}  # fmt: skip
@@ -147,6 +154,10 @@ def build_metadata(
         row_counts=dev["row_counts"],
         token_rows=dev["token_rows"],
     )
+    if long_rows_from > 0:
+        from infer.attention.long_prefill import plan_long_prefill
+
+        meta.long_prefill = plan_long_prefill(host, meta, block_size, long_rows_from)
     return dev["input_ids"], meta
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from infer.attention.metadata import AttentionMetadata
-from infer.kernels.fp8 import FP8
+from infer.kernels.fp8 import FP8, indexable
 from infer.kernels.kv_write import write_kv_torch
 
 
@@ -78,7 +78,8 @@ def _mask(meta: AttentionMetadata, plan: _GatherPlan, sliding_window: int) -> Te
 def _gather(cache: Tensor, plan: _GatherPlan) -> Tensor:
     """``[B, Hkv, W * BS, D]``: each sequence's blocks laid end to end."""
     rows = plan.kv_valid.shape[0]
-    blocks = cache.index_select(0, plan.blocks)  # [B * W, Hkv, BS, D]
+    # [B * W, Hkv, BS, D]
+    blocks = indexable(cache).index_select(0, plan.blocks).view(cache.dtype)
     _, heads, block_size, dim = blocks.shape
     blocks = blocks.view(rows, -1, heads, block_size, dim).transpose(1, 2)
     return blocks.reshape(rows, heads, -1, dim)

@@ -23,17 +23,21 @@ def paged_attention_triton(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int = 0,
+    *,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
     **overrides: Any,
 ) -> Tensor:
-    """``paged_attention`` for one layer of a step; ``overrides`` are its tile and split
-    keywords (tests and kernel benchmarks)."""
+    """``paged_attention`` for one layer of a step (an FP8 cache's values times
+    ``kv_scales``); ``overrides`` are its tile and split keywords (tests and kernel
+    benchmarks)."""
 
     def scratch(shape: tuple[int, ...], counters: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
         return _step_scratch(meta, shape, counters, q.device)
 
     return paged_attention(
-        q, k_cache, v_cache, meta, scale, sliding_window, scratch=scratch, **overrides
-    )
+        q, k_cache, v_cache, meta, scale, sliding_window, scratch=scratch, kv_scales=kv_scales,
+        **overrides,
+    )  # fmt: skip
 
 
 def _step_scratch(

@@ -1,8 +1,9 @@
 """Serving benchmark client: streams ``/v1/completions`` over HTTP with a workload's arrivals.
 
 Each request sends its prompt as token ids (``"prompt": [ids]``), ``max_tokens``,
-``ignore_eos``, greedy decoding and ``stream: true``, and is timed on the client: TTFT from
-just before the request is sent to the first streamed token, ITL between tokens.
+``ignore_eos``, the temperature asked for (default 0: greedy) and ``stream: true``, and is
+timed on the client: TTFT from just before the request is sent to the first streamed token,
+ITL between tokens.
 
 Token events: a chunk carries ``token_ids`` (vLLM's ``return_token_ids``, asked for), else
 one token when it has text or no finish reason yet (vLLM streams a chunk per token, text or
@@ -59,14 +60,19 @@ def _chunk_tokens(chunk: dict[str, Any]) -> int:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec, start: float
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    spec: RequestSpec,
+    start: float,
+    temperature: float = 0.0,
 ) -> RequestMetrics:
     """Send one streaming completion; time every token from the client's side."""
     body = {
         "model": model,
         "prompt": spec.prompt_token_ids,
         "max_tokens": spec.max_tokens,
-        "temperature": 0.0,
+        "temperature": temperature,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -119,22 +125,24 @@ async def run_serving(
     progress: bool = True,
     timeout_s: float = 600.0,
     processes: int = 1,
+    temperature: float = 0.0,
 ) -> tuple[str, RunResult]:
     """Send ``warmup`` (one at a time, unmeasured), then ``workload`` with its arrival pattern;
     returns the served model name and the client-side timings.
 
     ``processes > 1`` spreads a concurrent workload's requests over that many client
     processes (round robin, same arrival schedule): one Python event loop parses a few tens
-    of thousands of SSE events a second, less than a fast server streams.
+    of thousands of SSE events a second, less than a fast server streams. ``temperature``:
+    of every request (1.0: what ``vllm bench serve`` gets from a server's defaults).
     """
     url = url.rstrip("/")
     async with _client(timeout_s) as client:
         model = model or await served_model(client, url)
         for spec in warmup.requests if warmup else []:
-            await stream_completion(client, url, model, spec, time.perf_counter())
+            await stream_completion(client, url, model, spec, time.perf_counter(), temperature)
     if processes > 1 and not workload.sequential:
         return model, RunResult(
-            await _send_in_processes(url, model, workload, timeout_s, processes)
+            await _send_in_processes(url, model, workload, timeout_s, processes, temperature)
         )
     with tqdm(
         total=len(workload.requests),
@@ -147,10 +155,13 @@ async def run_serving(
                 start = time.perf_counter()
                 requests = []
                 for spec in workload.requests:
-                    requests.append(await stream_completion(client, url, model, spec, start))
+                    sent = stream_completion(client, url, model, spec, start, temperature)
+                    requests.append(await sent)
                     bar.update(1)
         else:
-            requests = await _send_all(url, model, workload.requests, None, timeout_s, bar.update)
+            requests = await _send_all(
+                url, model, workload.requests, None, timeout_s, temperature, bar.update
+            )
     return model, RunResult(requests)
 
 
@@ -165,6 +176,7 @@ async def _send_all(
     specs: list[RequestSpec],
     start: float | None,
     timeout_s: float,
+    temperature: float,
     done: Callable[[int], object] | None = None,
 ) -> list[RequestMetrics]:
     """Send every request at ``start + arrival_s``, concurrently. ``start`` is on the
@@ -174,7 +186,7 @@ async def _send_all(
 
         async def send(spec: RequestSpec) -> RequestMetrics:
             await asyncio.sleep(max(0.0, begin + spec.arrival_s - time.perf_counter()))
-            result = await stream_completion(client, url, model, spec, begin)
+            result = await stream_completion(client, url, model, spec, begin, temperature)
             if done is not None:
                 done(1)
             return result
@@ -189,13 +201,18 @@ def _worker_ready(ready: BarrierType) -> None:
 
 
 def _send_part(
-    url: str, model: str, specs: list[RequestSpec], start: float, timeout_s: float
+    url: str,
+    model: str,
+    specs: list[RequestSpec],
+    start: float,
+    timeout_s: float,
+    temperature: float,
 ) -> list[RequestMetrics]:
-    return asyncio.run(_send_all(url, model, specs, start, timeout_s))
+    return asyncio.run(_send_all(url, model, specs, start, timeout_s, temperature))
 
 
 async def _send_in_processes(
-    url: str, model: str, workload: Workload, timeout_s: float, processes: int
+    url: str, model: str, workload: Workload, timeout_s: float, processes: int, temperature: float
 ) -> list[RequestMetrics]:
     parts = [workload.requests[i::processes] for i in range(processes)]
     loop = asyncio.get_running_loop()
@@ -211,7 +228,9 @@ async def _send_in_processes(
         start = time.perf_counter() + 0.5
         results = await asyncio.gather(
             *(
-                loop.run_in_executor(pool, _send_part, url, model, part, start, timeout_s)
+                loop.run_in_executor(
+                    pool, _send_part, url, model, part, start, timeout_s, temperature
+                )
                 for part in parts
             )
         )

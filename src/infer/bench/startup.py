@@ -36,9 +36,16 @@ class Marker:
 
 INFER_MARKERS = (
     Marker("first log line (imports done)", r"\S"),
-    Marker("weights loading starts (checkpoints only)", r"Loading \S+:"),
-    Marker("KV cache sized (model loaded, memory profiled)", r"KV cache: \d+ blocks"),
-    Marker("HTTP listening (warm-up and graphs done)", r"Uvicorn running on"),
+    Marker("weights loaded in", r"start-up: \S+: load the weights in ([\d.]+) s"),
+    Marker("KV cache sized in", r"start-up: \S+: size the KV cache in ([\d.]+) s"),
+    Marker("step kernels warmed up in", r"start-up: \S+: warm up the step kernels in ([\d.]+) s"),
+    Marker(
+        "waited for the sampling kernels",
+        r"start-up: wait for the sampling kernels.* in ([\d.]+) s",
+    ),
+    Marker("CUDA graphs captured in", r"start-up: \S+: capture \d+ CUDA graphs in ([\d.]+) s"),
+    Marker("first traffic rehearsed in", r"start-up: warm-up .*: all parts in ([\d.]+) s"),
+    Marker("HTTP listening (ready)", r"Uvicorn running on"),
 )
 VLLM_MARKERS = (
     Marker("weights loaded in", r"Loading weights took ([\d.]+) seconds"),

@@ -31,9 +31,8 @@ from typing import Any
 from infer.bench.metrics import RequestMetrics, RunResult, append_token_times
 from infer.bench.offline import check_fits, run_workload
 from infer.bench.sampling import GREEDY, BenchSampling
-from infer.config import EngineConfig
+from infer.config import EngineConfig, cache_dir
 from infer.loader import resolve_model
-from infer.tokenizer import cache_dir
 from infer.workloads import RequestSpec, Workload
 
 # The carried build has no flashinfer. The engine core runs in this process: the harness

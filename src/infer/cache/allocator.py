@@ -23,6 +23,9 @@ class BlockAllocator:
         self._ref_counts = [0] * total_blocks
         self._block_owners: dict[int, set[int]] = {}
         self._cached: set[int] = set()  # free or used blocks registered in a prefix index
+        # The same blocks as one byte each (1: cached), for pictures of the whole pool: a
+        # long-served pool caches most blocks, too many to convert from the set each time.
+        self._cached_mask = bytearray(total_blocks)
         self._on_evict = on_evict
         self.evictions = 0
         self.total_allocations = 0  # blocks handed out, ever
@@ -38,6 +41,7 @@ class BlockAllocator:
         for block in blocks:
             if block in self._cached:
                 self._cached.discard(block)
+                self._cached_mask[block] = 0
                 self.evictions += 1
                 if self._on_evict is not None:
                     self._on_evict(block)
@@ -105,6 +109,7 @@ class BlockAllocator:
     # --- prefix cache bookkeeping ----------------------------------------------------
     def mark_cached(self, block: int) -> None:
         self._cached.add(block)
+        self._cached_mask[block] = 1
 
     def is_cached(self, block: int) -> bool:
         return block in self._cached
@@ -124,9 +129,9 @@ class BlockAllocator:
         """Free blocks that still hold a reusable prefix."""
         return sum(1 for block in self._cached if self._ref_counts[block] == 0)
 
-    def cached_block_ids(self) -> list[int]:
-        """Blocks that hold a cached prefix, in use or free (a copy)."""
-        return list(self._cached)
+    def cached_mask(self) -> bytes:
+        """One byte per block, 1 where it holds a cached prefix (a copy)."""
+        return bytes(self._cached_mask)
 
     def can_allocate(self, count: int) -> bool:
         return len(self._free) >= count

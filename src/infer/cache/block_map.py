@@ -9,7 +9,7 @@ pool costs the engine's loop little (``benchmarks/dashboard_overhead.py --cpu``)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -46,20 +46,21 @@ def build_block_map(
     num_blocks: int,
     block_size: int,
     tables: Mapping[int, Sequence[int]],
-    cached: Collection[int],
+    cached: bytes,
     owners: Sequence[int],
     unused_slots: int,
     evictions: int,
 ) -> BlockMap:
     """The map of a pool whose sequences hold ``tables`` (sequence id → blocks), with the
-    prefix-cached blocks ``cached``; ``owners``: the sequence ids the map's owner indices
-    refer to; ``unused_slots``: token slots in used blocks that hold no token."""
+    prefix-cached blocks ``cached`` (a byte per block, 1 where cached; empty: none);
+    ``owners``: the sequence ids the map's owner indices refer to; ``unused_slots``: token
+    slots in used blocks that hold no token."""
     lengths = np.fromiter((len(t) for t in tables.values()), dtype=np.int64, count=len(tables))
     held = np.fromiter(chain.from_iterable(tables.values()), dtype=np.int64, count=lengths.sum())
     refs = np.bincount(held, minlength=num_blocks)
     kind = np.full(num_blocks, FREE, dtype=np.uint8)
     if cached:
-        kind[np.fromiter(cached, dtype=np.int64, count=len(cached))] = EVICTABLE
+        kind[np.frombuffer(cached, dtype=np.uint8) != 0] = EVICTABLE
     kind[refs == 1] = PRIVATE
     kind[refs > 1] = SHARED
     owner = np.full(num_blocks, NO_OWNER, dtype="<u2")

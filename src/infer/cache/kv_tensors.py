@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from infer.config import ModelConfig
+from infer.kernels.fp8 import indexable
 
 
 @dataclass
@@ -38,5 +39,5 @@ class KVTensors:
             return
         index = torch.tensor(copies, dtype=torch.int64).to(self.k.device, non_blocking=True)
         source, destination = index[:, 0], index[:, 1]
-        self.k[:, destination] = self.k[:, source]
-        self.v[:, destination] = self.v[:, source]
+        for pool in (indexable(self.k), indexable(self.v)):
+            pool[:, destination] = pool[:, source]

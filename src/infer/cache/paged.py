@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from infer.cache.allocator import BlockAllocator
 from infer.cache.block_map import BlockMap, build_block_map
-from infer.cache.prefix import BlockKey, PrefixIndex, block_keys
+from infer.cache.prefix import BlockKey, PrefixIndex, block_keys, root_key
 from infer.cache.stats import CacheStats
 
 
@@ -29,9 +29,10 @@ class PagedKVCachePool:
         self.allocator = BlockAllocator(self.num_blocks, on_evict=self._forget_block)
         self.page_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
-        # Each sequence's block keys (its owner's list, kept across preemption) and how many
-        # of its blocks are indexed.
+        # Each sequence's block keys (its owner's list, kept across preemption), the parent
+        # of its first block (``root_key``), and how many of its blocks are indexed.
         self._block_keys: dict[int, list[BlockKey]] = {}
+        self._roots: dict[int, BlockKey] = {}
         self._num_indexed: dict[int, int] = {}
         self._next_seq_id = 0
         self._copies: list[tuple[int, int]] = []  # copy-on-write, until the runner takes them
@@ -48,13 +49,15 @@ class PagedKVCachePool:
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[BlockKey] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         keys = [] if known_keys is None else known_keys
+        root = root_key(cache_salt)
         if self.prefix is not None:
             full = len(token_ids) // self.block_size
-            parent = keys[-1] if keys else b""
+            parent = keys[-1] if keys else root
             keys += block_keys(
                 token_ids[: full * self.block_size], self.block_size, len(keys), parent
             )
@@ -69,13 +72,14 @@ class PagedKVCachePool:
         # At least one prompt token is always computed: its logits start the generation.
         self.seq_lens[seq_id] = min(len(hits) * self.block_size, max(len(token_ids) - 1, 0))
         self._block_keys[seq_id] = keys
+        self._roots[seq_id] = root
         self._num_indexed[seq_id] = len(hits)
         return seq_id
 
     def free_sequence(self, seq_id: int) -> None:
         blocks = self.page_tables.pop(seq_id)
         del self.seq_lens[seq_id]
-        del self._block_keys[seq_id], self._num_indexed[seq_id]
+        del self._block_keys[seq_id], self._roots[seq_id], self._num_indexed[seq_id]
         # Tail first: the LRU queue then reuses a shared prefix's root block last.
         self.allocator.free(reversed(blocks), owner=seq_id)
 
@@ -139,7 +143,7 @@ class PagedKVCachePool:
         if full <= indexed:
             return
         if len(keys) < full:  # hash only the blocks that filled since (not the whole prefix)
-            parent = keys[-1] if keys else b""
+            parent = keys[-1] if keys else self._roots[seq_id]
             new_tokens = token_ids[len(keys) * self.block_size : full * self.block_size]
             keys += block_keys(new_tokens, self.block_size, 0, parent)
         table = self.page_tables[seq_id]
@@ -176,7 +180,7 @@ class PagedKVCachePool:
             self.num_blocks,
             self.block_size,
             self.page_tables,
-            self.allocator.cached_block_ids(),
+            self.allocator.cached_mask(),
             owners,
             unused,
             self.allocator.evictions,

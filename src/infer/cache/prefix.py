@@ -3,6 +3,11 @@
 A block's key is ``sha256(parent_key + tokens)``, so equal keys mean equal whole prefixes
 (collision-resistant, unlike Python's ``hash``). The index maps keys to block ids; blocks
 stay indexed while free and are dropped from it when the allocator reuses them (eviction).
+
+The first block's parent is its sequence's root: the same for every sequence without a
+cache salt, and one of its own for each salt (``root_key``). Requests with different salts
+(vLLM's ``cache_salt``: a tenant's) thus never share a block, so none can learn from the
+cache what another's prompts hold.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ import numpy as np
 
 BlockKey = bytes
 _ROOT: BlockKey = b""
+
+
+def root_key(cache_salt: str | None) -> BlockKey:
+    """The parent of a sequence's first block: the salt's own (``_ROOT`` without one)."""
+    if cache_salt is None:
+        return _ROOT
+    return hashlib.sha256(b"cache_salt\0" + cache_salt.encode()).digest()
 
 
 def block_keys(

@@ -32,6 +32,7 @@ class CachePoolProtocol(Protocol):
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         """Start a sequence with room for ``initial_tokens``; returns its id, or None when
         the pool cannot hold it (no partial state is left behind).
@@ -40,6 +41,7 @@ class CachePoolProtocol(Protocol):
         and ``get_seq_len`` of the new sequence says how many tokens need no computing.
         ``known_keys`` is the caller's list of the tokens' block keys: the pool extends it
         as blocks fill, so a preempted sequence that starts again is not hashed again.
+        Only sequences with the same ``cache_salt`` share blocks (``prefix.root_key``).
         """
         ...
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from infer.cache.paged import PagedKVCachePool
+from infer.cache.prefix import root_key
 
 
 class SlottedKVCache(PagedKVCachePool):
@@ -38,6 +39,7 @@ class SlottedKVCache(PagedKVCachePool):
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         if initial_tokens > self.max_seq_len or not self._free_slots:
             return None
@@ -48,6 +50,7 @@ class SlottedKVCache(PagedKVCachePool):
         self.page_tables[slot] = blocks
         self.seq_lens[slot] = 0
         self._block_keys[slot] = []
+        self._roots[slot] = root_key(None)  # slots share nothing
         self._num_indexed[slot] = 0
         return slot
 

@@ -1,4 +1,4 @@
-"""The ``infer`` command: ``generate``, ``serve``, ``bench``, ``kvsim``."""
+"""The ``infer`` command: ``generate``, ``serve``, ``router``, ``bench``, ``kvsim``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ("generate", "serve", "bench", "kvsim")
+COMMANDS = ("generate", "serve", "router", "bench", "kvsim")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
         print(f"infer {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -82,6 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one request may take (default: 600)"
     )
+    serve.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="of every request (default: 0, greedy; 1.0 samples as vllm bench serve's "
+        "requests do at a server's defaults)",
+    )
     _add_workload_args(serve)
     serve.set_defaults(handler=run_serve)
 
@@ -269,7 +276,7 @@ def _run_engine(values: dict[str, Any], engine: str, paths: dict[Any, Path]) -> 
             if summary["num_failed"] == 0 and _is_headline(args, device.type):
                 ranks = (
                     f"-tp{config.tensor_parallel_size}" if config.tensor_parallel_size > 1 else ""
-                )
+                ) + _precision_suffix(config)
                 # Keyed by the label, not the run's name: of a label given twice, the later
                 # run is kept (like every run after a workload's first, it finds the prefix
                 # cache warm, so it compares with the other labels' runs).
@@ -287,6 +294,14 @@ def _is_headline(args: argparse.Namespace, device_type: str) -> bool:
     figures (``infer.bench.scoreboard``)."""
     defined = args.num_requests is None and args.max_tokens is None and args.seed == 0
     return defined and device_type == "cuda"
+
+
+def _precision_suffix(config: EngineConfig) -> str:
+    """``-fp8`` for FP8 weights, ``-kvfp8`` for an FP8 cache: their figures go under names
+    of their own, beside (not over) the model dtype's."""
+    weights = f"-{config.quantization}" if config.quantization else ""
+    cache = f"-kv{config.kv_cache_dtype}" if config.kv_cache_dtype != "auto" else ""
+    return weights + cache
 
 
 def _model_name(model: str) -> str:
@@ -387,6 +402,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from infer.bench.metrics import summarize
     from infer.bench.results import environment, output_paths, timestamp, write_json
 
+    if args.temperature < 0:
+        raise ValueError(f"temperature: must be >= 0, got {args.temperature}")
     pairs = _workloads(args, args.vocab_size)
     names = [w.name for w, _ in pairs]
     model = args.model
@@ -404,6 +421,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 args.progress,
                 args.timeout,
                 args.client_processes,
+                args.temperature,
             )
         )
         paths, plots = output_paths(args.output, model, names, ["server"], date)
@@ -422,6 +440,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "max_tokens_cap": args.max_tokens,
             "warmup_requests": args.warmup,
+            "temperature": args.temperature,
         }
         path = write_json(record, json_paths[workload.name, "server"])
         _print_done("server", workload.name, summary, path)

@@ -7,10 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.distributed.layout import node_ranks
 from infer.engine.engine import Engine
 from infer.engine.loop import UpFront, drive
 from infer.engine.request import RequestOutput
 from infer.engine.sampling_params import SamplingParams
+from infer.engine.tp_node import serve_node
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     config = engine_config_from_args(argparse.Namespace(**{**vars(args), "seed": 0}))
+    if not node_ranks(config).runs_engine:  # another node's ranks: rank 0 generates
+        return serve_node(config)
     engine = Engine(config)
     if args.chat is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -182,6 +182,11 @@ def _add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
         help="auto (--dtype) | fp8 (one byte per cached element)",
     )
     parser.add_argument(
+        "--quantization",
+        default=None,
+        help="fp8: decoder projections' weights at one byte each (default: --dtype)",
+    )
+    parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=1.0,
@@ -268,7 +273,7 @@ def _header(
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    footprint = load_footprint(args.model, args.dtype, args.kv_cache_dtype)
+    footprint = load_footprint(args.model, args.dtype, args.kv_cache_dtype, args.quantization)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
     try:
         averages = [int(value) for value in args.avg_tokens.split(",")]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.distributed.layout import node_ranks
+from infer.server.request_head import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS, HeadLimits
 from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
@@ -30,7 +34,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     http.add_argument(
         "--api-key",
         default=os.environ.get("INFER_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $INFER_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but /health, /ping, "
+        "/version and /metrics (default: $INFER_API_KEY)",
+    )
+    http.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="HOST[,HOST...]",
+        help="the names a request's Host header may give (e.g. 'api.example.com,*.internal'; "
+        "'*' any), against DNS rebinding (default: loopback names when --host is a loopback "
+        "address, else any)",
     )
     http.add_argument(
         "--served-model-name", help="model name clients pass and see (default: --model)"
@@ -45,8 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--shutdown-timeout",
         type=float,
         default=10.0,
-        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are "
-        "aborted (default: 10)",
+        help="on SIGINT/SIGTERM, seconds until the process has exited: in-flight requests "
+        "get all but the last second of them (half, under 2 s) to finish, then are aborted "
+        "(default: 10)",
     )
     http.add_argument(
         "--timeout-keep-alive",
@@ -69,6 +83,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=5.0,
         help="seconds a connection gets to send a request's headers, from its first byte "
         "(or from opening, for its first request); slower ones are closed (default: 5)",
+    )
+    http.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help="most bytes of a request's line and headers; beyond, 431 "
+        f"(default: {DEFAULT_MAX_HEADER_BYTES})",
+    )
+    http.add_argument(
+        "--max-headers",
+        type=int,
+        default=DEFAULT_MAX_HEADERS,
+        help=f"most headers in a request; beyond, 431 (default: {DEFAULT_MAX_HEADERS})",
     )
     http.add_argument(
         "--request-read-timeout",
@@ -139,14 +166,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _hosts(flag: str | None) -> list[str] | None:
+    """``--allowed-hosts``: names separated by commas (None: the default)."""
+    if flag is None:
+        return None
+    hosts = [name.strip() for name in flag.split(",") if name.strip()]
+    if not hosts:
+        raise ValueError("allowed_hosts: give at least one name (or '*' for any)")
+    return hosts
+
+
 def run(args: argparse.Namespace) -> int:
     if args.api_server_count == 1:
-        return _serve(args)
-    with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
-        # Before prometheus_client is imported (with the server): every API process then
-        # keeps its metrics there (see infer.server.metrics).
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
-        return _serve(args)
+        code = _serve(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
+            # Before prometheus_client is imported (with the server): every API process then
+            # keeps its metrics there (see infer.server.metrics).
+            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
+            code = _serve(args)
+    # The server has shut down (its engine and workers have exited); tearing the
+    # interpreter down, torch and all, would only make a supervisor wait (RESULTS.md 9.4).
+    _exit_now(code)
+    return code  # not reached
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code``: its exit handlers run (multiprocessing's release its
+    semaphores) and its logs are flushed, but the interpreter is not torn down."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -155,6 +208,10 @@ def _serve(args: argparse.Namespace) -> int:
     from infer.server.reasoning import reasoning_parser
 
     config = engine_config_from_args(args)
+    if not node_ranks(config).runs_engine:  # another node's ranks: no API here
+        from infer.engine.tp_node import serve_node
+
+        return serve_node(config)
     server = build_server(
         config,
         host=args.host,
@@ -175,12 +232,9 @@ def _serve(args: argparse.Namespace) -> int:
         limits=RequestLimits(**{name: getattr(args, name) for name in vars(DEFAULT_LIMITS)}),
         grammar_workers=args.grammar_workers,
         grammar_timeout=args.grammar_timeout,
+        head=HeadLimits(args.max_header_bytes, args.max_headers),
+        allowed_hosts=_hosts(args.allowed_hosts),
     )
     with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()
-    if server.engine_failure is not None:
-        # The server has shut down; a supervisor waits for the exit to restart it. Tearing
-        # the interpreter down (torch and all) would take about a second more.
-        logging.shutdown()
-        os._exit(server.exit_code)
     return server.exit_code

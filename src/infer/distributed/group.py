@@ -10,6 +10,7 @@ initialised (``SINGLE``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from infer.distributed.layout import Rendezvous
 
 logger = logging.getLogger(__name__)
 
@@ -88,42 +91,112 @@ class ParallelGroup:
 SINGLE = ParallelGroup()
 
 
-def join_group(
-    rank: int, world_size: int, check_alive: Callable[[], None] | None = None
-) -> ParallelGroup:
-    """Join the control group from the standard environment (``MASTER_ADDR``,
-    ``MASTER_PORT``); ``open_compute`` adds the compute group once the device is known.
+class RendezvousTimeout(TimeoutError):
+    """A rank could not reach the master, or rank 0 waited in vain for the others."""
 
-    Every rank announces itself in the rendezvous store first; rank 0 waits for all of them
-    in one-second slices, calling ``check_alive`` between slices, so a worker that dies while
-    starting is an error at once rather than a wait for the timeout.
+
+def join_group(
+    rank: int,
+    world_size: int,
+    rendezvous: Rendezvous,
+    check_alive: Callable[[], None] | None = None,
+    layout: dict[str, str] | None = None,
+) -> ParallelGroup:
+    """Join the control group at ``rendezvous``; ``open_compute`` adds the compute group
+    once the device is known.
+
+    Rank 0 publishes ``layout`` (what every node must agree on) and the others compare
+    theirs before they join, so a node started with other flags fails with a clear error
+    rather than a hang. Every rank then announces itself in the store; rank 0 waits for all
+    of them, calling ``check_alive`` as it polls, so a worker that
+    dies while starting is an error at once rather than a wait for the timeout.
     """
-    store = dist.TCPStore(
-        os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=rank == 0,
-        timeout=COLLECTIVE_TIMEOUT,
-        wait_for_workers=False,  # rank 0 waits below, watching the workers
-    )
-    store.set(f"infer-rank-{rank}", "up")
-    others = [f"infer-rank-{r}" for r in range(1, world_size)]
-    deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()
-    while rank == 0:
-        try:
-            store.wait(others, timedelta(seconds=1))
-            break
-        except dist.DistStoreError:
-            if check_alive is not None:
-                check_alive()
-            if time.monotonic() > deadline:
-                raise WorkerDiedError(
-                    f"tensor-parallel ranks did not join within {COLLECTIVE_TIMEOUT}"
-                ) from None
+    store = _connect(rank, world_size, rendezvous)
+    if rank == 0:
+        store.set(_LAYOUT_KEY, json.dumps(layout or {}))
+    elif layout is not None:
+        _check_layout(layout, json.loads(store.get(_LAYOUT_KEY)))
+    if store.add(f"infer-rank-{rank}", 1) > 1:
+        raise ValueError(
+            f"node_rank: rank {rank} has already joined the master at {rendezvous.endpoint}: "
+            "two nodes were given the same --node-rank"
+        )
+    if rank == 0:
+        _wait_for_ranks(store, world_size, rendezvous, check_alive)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size, timeout=IDLE_TIMEOUT
     )
     return ParallelGroup(rank, world_size, None, dist.group.WORLD, check_alive)
+
+
+_LAYOUT_KEY = "infer-layout"
+_POLL_S = 0.1
+
+
+def _connect(rank: int, world_size: int, rendezvous: Rendezvous) -> dist.Store:
+    """Rank 0 hosts the store (unless torchrun's agent does); the others connect to it,
+    retrying until the timeout."""
+    hosts = rank == 0 and not rendezvous.agent_store
+    try:
+        store: dist.Store = dist.TCPStore(
+            rendezvous.addr,
+            rendezvous.port,
+            world_size,
+            is_master=hosts,
+            timeout=timedelta(seconds=rendezvous.timeout_s),
+            wait_for_workers=False,  # rank 0 waits in ``_wait_for_ranks``, watching workers
+        )
+    except dist.DistError as exc:
+        if hosts:
+            raise ValueError(
+                f"master_port: rank 0 cannot listen on {rendezvous.endpoint}: {exc}"
+            ) from None
+        raise RendezvousTimeout(
+            f"dist_timeout: rank {rank} could not reach the master at {rendezvous.endpoint} "
+            f"within {rendezvous.timeout_s:g} s (is node 0 started, and are --master-addr "
+            f"and --master-port its address and port?): {exc}"
+        ) from None
+    if rendezvous.agent_store:  # torchrun's store outlives a restart: keys of this attempt
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"infer-{attempt}", store)
+    return store
+
+
+def _listed(noun: str, numbers: list[int]) -> str:
+    return f"{noun}{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
+def _check_layout(mine: dict[str, str], master: dict[str, str]) -> None:
+    for name, value in mine.items():
+        if master.get(name) != value:
+            raise ValueError(
+                f"{name}: node 0 runs with {master.get(name)}, this node with {value}; every "
+                "node runs the same command but for --node-rank"
+            )
+
+
+def _wait_for_ranks(
+    store: dist.Store,
+    world_size: int,
+    rendezvous: Rendezvous,
+    check_alive: Callable[[], None] | None,
+) -> None:
+    deadline = time.monotonic() + rendezvous.timeout_s
+    while True:
+        missing = [r for r in range(1, world_size) if not store.check([f"infer-rank-{r}"])]
+        if not missing:
+            return
+        if check_alive is not None:
+            check_alive()
+        if time.monotonic() > deadline:
+            nodes = sorted({r // rendezvous.ranks_per_node for r in missing})
+            raise RendezvousTimeout(
+                f"dist_timeout: {_listed('rank', missing)} ({_listed('node', nodes)}) did "
+                f"not join the master at "
+                f"{rendezvous.endpoint} within {rendezvous.timeout_s:g} s; start each other "
+                "node with the same command and its --node-rank"
+            )
+        time.sleep(_POLL_S)  # ``store.wait`` would log a warning each time it times out
 
 
 def open_compute(group: ParallelGroup, device: torch.device) -> None:

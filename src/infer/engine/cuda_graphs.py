@@ -9,13 +9,15 @@ on the device and size their grids from the bucket, so one graph serves any mix 
 chunks, cached prefixes and decode rows at any context length up to ``max_seq_len``.
 
 * Decode graphs (every row one token; batch sizes 1, 2, 4, 8, then multiples of 16) end at
-  the logits of all rows: every row samples.
+  the logits of all rows: every row samples. Past 4 rows each size has a second graph whose
+  keys split more, for steps with a long context (``LONG_DECODE_CONTEXT``).
 * Mixed graphs (token counts 16, 32, 64, 128, then multiples of 128 up to
   ``max_graph_tokens``; rows up to ``min(tokens, max_batch_size)``) end at the final hidden
   states: how many rows sample varies, so the runner picks and projects them outside.
 * Verify graphs (``verify_step``; the decode sizes whose rows x Q tokens fit
   ``MAX_VERIFY_TOKENS``) make their inputs on the device first, then end at the logits of
-  every token (each samples). ``verify_costs`` times them against the decode graphs.
+  every token (each samples). ``verify_costs`` times them against the decode graphs. They
+  have no long-context variant: their keys split for all their rows.
 """
 
 from __future__ import annotations
@@ -44,17 +46,25 @@ from infer.models import DecoderModel
 # otherwise run one program per (row, KV head) over all their keys (RESULTS.md, 6.1). A step
 # with more decode rows splits each less (the kernel reads how many it holds).
 MIXED_SPLIT_ROWS = 8
+# A decode step whose longest context reaches LONG_DECODE_CONTEXT tokens replays a graph of
+# its size whose keys split as for LONG_DECODE_SPLIT_ROWS rows: split for all its rows, a
+# long row's keys would be walked by one program per KV head, ~0.4 ms a layer at 16k
+# (RESULTS.md, 14).
+LONG_DECODE_CONTEXT = 4096
+LONG_DECODE_SPLIT_ROWS = 4
 
 
 @dataclass(frozen=True)
 class Bucket:
     """One captured shape: ``tokens`` token rows over ``rows`` sequence rows (a verify
-    bucket: ``queries`` tokens each)."""
+    bucket: ``queries`` tokens each); ``long``: a decode bucket for steps with a long context
+    (keys split for ``LONG_DECODE_SPLIT_ROWS``)."""
 
     tokens: int
     rows: int
     decode: bool
     queries: int = 0
+    long: bool = False
 
 
 def decode_sizes(max_batch_size: int) -> list[int]:
@@ -137,16 +147,26 @@ class CUDAGraphRunner:
     @property
     def buckets(self) -> list[Bucket]:
         decode = [Bucket(size, size, True) for size in self.decode_sizes]
+        if self.max_seq_len >= LONG_DECODE_CONTEXT:  # (fewer rows already split as much)
+            decode += [Bucket(b.tokens, b.rows, True, long=True) for b in decode if _splits_more(b)]
         mixed = [Bucket(t, min(t, self.max_batch_size), False) for t in self.mixed_sizes]
         queries = 0 if self.verify is None else self.verify.queries
-        verify = [Bucket(rows * queries, rows, False, queries) for rows in self.verify_sizes]
+        verify = [
+            Bucket(rows * queries, rows, False, queries=queries) for rows in self.verify_sizes
+        ]
         return decode + mixed + verify
 
     def bucket_for(self, sequences: list[ScheduledSequence]) -> Bucket | None:
         """The bucket a step runs in; None when it is larger than every captured one."""
         if all(len(s.token_ids) == 1 for s in sequences):
             size = smallest_fitting(self.decode_sizes, len(sequences))
-            return None if size is None else Bucket(size, size, True)
+            if size is None:
+                return None
+            bucket = Bucket(size, size, True)
+            longest = max(s.num_computed for s in sequences) + 1
+            if longest >= LONG_DECODE_CONTEXT and _splits_more(bucket):
+                return Bucket(size, size, True, long=True)
+            return bucket
         tokens = smallest_fitting(self.mixed_sizes, sum(len(s.token_ids) for s in sequences))
         if tokens is None or len(sequences) > min(tokens, self.max_batch_size):
             return None
@@ -185,7 +205,7 @@ class CUDAGraphRunner:
             query_start_loc=self.query_start_loc[: rows + 1],
             max_query_len=1 if bucket.decode else tokens,
             max_seq_len=self.max_seq_len,
-            split_rows=None if bucket.decode else min(rows, MIXED_SPLIT_ROWS),
+            split_rows=_split_rows(bucket),
             row_order=self.row_order[:rows],
             row_counts=self.row_counts,
             token_rows=self.token_rows[:tokens],
@@ -236,11 +256,13 @@ class CUDAGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first, sharing one memory pool. The static buffers
-        hold rows without tokens meanwhile, so the warm-up runs write nothing."""
+        """Capture every bucket, largest first, sharing one memory pool, and replay each
+        once. The static buffers hold rows without tokens meanwhile, so the warm-up runs and
+        the replays write nothing."""
         before = torch.cuda.memory_allocated()
         pool = torch.cuda.graph_pool_handle()
-        for bucket in sorted(self.buckets, key=lambda b: (b.decode, b.tokens), reverse=True):
+        buckets = sorted(self.buckets, key=lambda b: (b.decode, b.tokens, b.long), reverse=True)
+        for bucket in buckets:
             for _ in range(2):  # compile and autotune kernels outside the capture
                 self.forward(bucket)
             torch.cuda.synchronize()
@@ -248,6 +270,10 @@ class CUDAGraphRunner:
             with torch.cuda.graph(graph, pool=pool):
                 out = self.forward(bucket)
             self._graphs[bucket] = (graph, out)
+        # A graph's first replay uploads it to the device; done here, the first requests do
+        # not wait for it (nothing is written: the buffers still hold rows without tokens).
+        for graph, _ in self._graphs.values():
+            graph.replay()
         torch.cuda.synchronize()
         self.memory_bytes = torch.cuda.memory_allocated() - before
 
@@ -271,7 +297,7 @@ class CUDAGraphRunner:
         if self.verify is None or size is None:
             return None
         queries = self.verify.queries
-        return Bucket(size * queries, size, False, queries)
+        return Bucket(size * queries, size, False, queries=queries)
 
     def load_verify(self, plan: VerifyPlan, previous: tuple[Tensor, Tensor | None] | None) -> None:
         """Copy a verify step's rows into the static buffers (``verify_step.load_rows``)."""
@@ -331,6 +357,18 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, repeats: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / repeats
+
+
+def _split_rows(bucket: Bucket) -> int | None:
+    """The decode rows a bucket's keys are split for (None: all its rows)."""
+    if bucket.long:
+        return LONG_DECODE_SPLIT_ROWS
+    return None if bucket.decode else min(bucket.rows, MIXED_SPLIT_ROWS)
+
+
+def _splits_more(bucket: Bucket) -> bool:
+    """Whether a decode bucket's long variant splits keys more than the bucket itself."""
+    return bucket.rows > LONG_DECODE_SPLIT_ROWS
 
 
 def _num_tokens(sequences: list[ScheduledSequence]) -> int:

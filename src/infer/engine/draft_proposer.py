@@ -47,6 +47,8 @@ class DraftModelProposer:
             model=spec.model,
             speculative_config=None,
             tensor_parallel_size=1,
+            nnodes=1,
+            node_rank=0,
             use_cuda_graphs=False,
             use_prefix_caching=False,
             quantization=None,

@@ -13,22 +13,28 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig, ModelConfig
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.draft_proposer import DraftModelProposer
 from infer.engine.grammar_cache import StructuredOutputs
+from infer.engine.memory import kv_bytes_per_token
 from infer.engine.output import request_output
 from infer.engine.pacing import LaunchPacer
 from infer.engine.pipeline import Pipeline
 from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
+from infer.engine.rehearsal import WARM_UP, RehearsedPart, emptied, rehearse
 from infer.engine.request import Request, RequestOutput, TokenLogprob
 from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.speculation import NgramProposer, Proposer, VerifyCosts
+from infer.engine.start_up_log import start_up_part
 from infer.engine.verify_step import MAX_VERIFY_TOKENS
 from infer.engine.wakeup import Wakeup
 from infer.engine.watch import EngineView, EngineWatch, mean_itl
+from infer.kernels.jit_cache import use_kernel_cache
+from infer.kernels.jit_log import JIT_LOG
 from infer.loader import ModelSource, resolve_model
 from infer.models.common import check_tensor_parallel
 from infer.tokenizer import Message, Tokenizer
@@ -63,30 +69,58 @@ class Engine:
         except Exception:
             self.close(check_workers=True)
             raise
-        self.model, self.pool, self.runner = rank.model, rank.pool, rank.runner
+        self.model, self.runner = rank.model, rank.runner
         self.max_seq_len = rank.max_seq_len
-        self.tokenizer = self._load_tokenizer()
+        with start_up_part("load the tokenizer"):
+            self.tokenizer = self._load_tokenizer()
         self.prompts = PromptEncoder(self.tokenizer, self.model_config.vocab_size, self.max_seq_len)
-        self.scheduler = Scheduler(config, self.pool, self.max_seq_len, self._proposer())
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
+        self.wakeup = Wakeup()
+        # What it learns of the device's step times holds after the warm-up too.
+        pacing = config.use_launch_pacing and config.use_async_scheduling
+        self.pacer = LaunchPacer() if pacing else None
+        self._start_serving(rank.pool)
+        # What the warm-up ran, each part with its time (empty without one).
+        self.warm_up: list[RehearsedPart] = []
+        if config.warm_up_enabled:
+            try:
+                with start_up_part(f"{WARM_UP}: all parts"):
+                    self.warm_up = rehearse(self)
+            except Exception:
+                self.close()
+                raise
+            self._start_serving(emptied(self.pool))
+            JIT_LOG.mark_ready()  # a kernel variant built from now on is a warning
+        built = JIT_LOG.variants
+        if built:
+            logger.info(
+                "start-up: %d kernel variants built (%.1f s compiling); kernel cache: %s",
+                len(built), sum(v.seconds for v in built if not v.from_cache), use_kernel_cache(),
+            )  # fmt: skip
+
+    def _start_serving(self, pool: CachePoolProtocol) -> None:
+        """The host-side state of serving, on ``pool`` (empty): the queues, the step
+        pipeline, the counters. Set again after the warm-up, so nothing of it stays but the
+        pacer's step times."""
+        config = self.config
+        self.pool = self.runner.pool = pool
+        self.scheduler = Scheduler(config, pool, self.max_seq_len, self._proposer())
         if self.runner.verify is not None and self.draft is None:
             graphs, queries = self.runner.graphs, self.runner.verify.queries
             measured = None if graphs is None else graphs.verify_costs
             # On a GPU a wide batch is compute-bound; on the CPU (tests) any batch speculates.
             widest = MAX_VERIFY_TOKENS // queries if self.device.type == "cuda" else None
             self.scheduler.use_device_proposals(queries, VerifyCosts(measured, max_rows=widest))
-        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size)
-        pacer = LaunchPacer() if config.use_launch_pacing and config.use_async_scheduling else None
         self.pipeline = Pipeline(
             self.scheduler,
             self.runner,
             run_ahead=config.use_async_scheduling,
-            pacer=pacer,
+            pacer=self.pacer,
             on_launch=self._launched,
         )
         # The last step found nothing it could run (only requests whose grammars compile):
         # loops then block on ``wakeup`` (set when one has compiled) and their inputs.
         self.stalled = False
-        self.wakeup = Wakeup()
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._seeds = random.Random(config.seed)
@@ -277,7 +311,21 @@ class Engine:
         return self.pool.used_blocks() / self.pool.num_blocks
 
     def cache_stats(self) -> dict[str, float | int | str]:
-        return {**self.pool.stats().as_dict(), "preemptions": self.scheduler.preemptions}
+        """The pool's ``CacheStats``, preemptions, and its bytes: the cache's element type,
+        a token's K and V over all layers (and ranks), the pool's and the used blocks'."""
+        stats = self.pool.stats()
+        token_bytes = kv_bytes_per_token(self.config, self.model_config, self.dtype)
+        block_bytes = token_bytes * stats.block_size
+        return {
+            **stats.as_dict(),
+            "preemptions": self.scheduler.preemptions,
+            "kv_cache_dtype": str(self.config.kv_cache_torch_dtype(self.dtype)).removeprefix(
+                "torch."
+            ),
+            "kv_bytes_per_token": token_bytes,
+            "kv_cache_bytes": block_bytes * stats.num_blocks,
+            "kv_used_bytes": block_bytes * stats.used_blocks,
+        }
 
     def dashboard_view(self) -> EngineView:
         """A picture of the pool and queues for the dashboard (between steps); keeps the

@@ -9,6 +9,7 @@ import math
 import torch
 
 from infer.attention import ScheduledSequence, build_metadata
+from infer.attention.long_prefill import long_rows_from, workspace_bytes
 from infer.cache.kv_tensors import KVTensors
 from infer.cache.paged import PagedKVCachePool
 from infer.cache.protocol import CachePoolProtocol
@@ -22,6 +23,18 @@ logger = logging.getLogger(__name__)
 
 # Without a GPU the pool is sized to at most this much host memory (unless set explicitly).
 CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def kv_bytes_per_token(
+    config: EngineConfig, model_config: ModelConfig, model_dtype: torch.dtype
+) -> int:
+    """Bytes one cached token takes in the pools of all ranks together: K and V of every
+    layer at the cache's element size (each rank holds its KV heads, a replicated head
+    once per rank)."""
+    world = config.tensor_parallel_size
+    heads = kv_heads_per_rank(model_config.num_kv_heads, world) * world
+    itemsize = config.kv_cache_torch_dtype(model_dtype).itemsize
+    return dataclasses.replace(model_config, num_kv_heads=heads).kv_bytes_per_token(itemsize)
 
 
 class KVCacheBuilder:
@@ -104,9 +117,10 @@ class KVCacheBuilder:
 
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:
-        """Peak memory of the largest step (token budget, plus sampling of a full batch)."""
+        """Peak memory of the largest step (a long prompt's step budget, plus sampling of a
+        full batch)."""
         config = self.config
-        budget = config.resolved_max_num_batched_tokens(self.max_seq_len)
+        budget = config.resolved_long_prefill_step_tokens(self.max_seq_len)
         seq_len = min(budget, self.max_seq_len)
         blocks_per_seq = math.ceil(seq_len / config.block_size)
         num_seqs = math.ceil(budget / seq_len)
@@ -131,7 +145,12 @@ class KVCacheBuilder:
         del scratch, hidden
         torch.cuda.empty_cache()
         sampling = 4 * config.max_batch_size * self.model_config.vocab_size * 4
-        return peak + sampling
+        long_rows = 0
+        if long_rows_from(config.use_sdpa_prefill, self.device):  # a long row's context
+            shape = self.model_config  # every rank's heads: an upper bound under TP
+            heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
+            long_rows = workspace_bytes(heads, self.max_seq_len, budget, self.dtype.itemsize)
+        return peak + sampling + long_rows
 
 
 def fit_context(config: EngineConfig, max_seq_len: int, capacity: int) -> int:

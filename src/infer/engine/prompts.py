@@ -26,6 +26,19 @@ class PromptEncoder:
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
 
+    def check_text_length(self, text: str, field: str = "prompt") -> None:
+        """``ContextLengthError`` for a text too long to fit the context whatever its
+        tokens, before the (costly) tokenization: every token stands for at most
+        ``max_token_chars`` characters. (Not for a prompt cut to its last tokens.)"""
+        if len(text) <= self.max_seq_len or self.tokenizer is None:
+            return
+        per_token = self.tokenizer.max_token_chars
+        if len(text) > self.max_seq_len * per_token:
+            raise ContextLengthError(
+                f"{field}: {len(text)} characters are more than max_seq_len={self.max_seq_len} "
+                f"tokens can hold (a token here stands for at most {per_token} characters)"
+            )
+
     def encode_prompt(
         self, prompt: Prompt, field: str = "prompt", keep_last: int | None = None
     ) -> list[int]:
@@ -34,6 +47,8 @@ class PromptEncoder:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"{field}: this model has no tokenizer; pass token ids")
+            if keep_last is None:
+                self.check_text_length(prompt, field)
             token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(map(int, prompt))

@@ -122,11 +122,14 @@ class ModelRunner:
         max_seq_len: int,
         graphs: CUDAGraphRunner | None = None,
         group: ParallelGroup = SINGLE,
+        long_rows_from: int = 0,
         verify: VerifyShape | None = None,
         history: TokenHistory | None = None,
     ) -> None:
-        """``verify`` and ``history``: run verify steps (``verify_step``), recording every
-        step's tokens in ``history``."""
+        """``long_rows_from``: eager steps' rows with this many new tokens or more take the
+        fused attention path (``attention.long_prefill``; 0: none). ``verify`` and
+        ``history``: run verify steps (``verify_step``), recording every step's tokens in
+        ``history``."""
         self.model = model
         self.group = group
         self.pool = pool
@@ -136,6 +139,7 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
         self.graphed = False  # whether the last step ran in a captured graph (dashboard)
+        self.long_rows_from = long_rows_from
         self.verify, self.history = verify, history
         self.proposal_mode = ProposalMode.NGRAM  # where verify steps' proposals come from
         model.bind_kv_cache(storage.k, storage.v)
@@ -354,7 +358,9 @@ class ModelRunner:
         out = None if self.graphs is None else self.graphs.run(sequences, input_ids)
         self.graphed = out is not None
         if out is None:
-            host_ids, meta = build_metadata(sequences, self.pool.block_size, self.device)
+            host_ids, meta = build_metadata(
+                sequences, self.pool.block_size, self.device, self.long_rows_from
+            )
             tokens = host_ids if input_ids is None else input_ids
             if self.history is not None:
                 self.history.write(tokens, meta.slot_mapping)

@@ -49,23 +49,32 @@ class SamplingBatch:
         if output_indices is None:
             output_indices = [r.num_output_tokens for r in requests]
         # One copy each for the float and the integer settings, a setting a row of the
-        # table: every setting is a contiguous [B] tensor, as the kernel reads them.
+        # table: every setting is a contiguous [B] tensor, as the kernel reads them. Rows are
+        # padded to 16 bytes: Triton specialises the kernel on its pointers' alignment, and
+        # unaligned rows (batches of 1 to 3 rows mod 4) each compiled a variant mid-serving.
+        batch = len(requests)
+        pad = [0] * (-batch % 4)
         floats = torch.tensor(
-            [[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
+            [
+                [p.temperature for p in params] + pad,
+                [p.top_p for p in params] + pad,
+                [p.min_p for p in params] + pad,
+            ],
             dtype=torch.float32,
         ).to(device, non_blocking=True)
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         ints = torch.tensor(
-            [top_k, [r.seed & (2**63 - 1) for r in requests], output_indices], dtype=torch.int64
+            [top_k + pad, [r.seed & (2**63 - 1) for r in requests] + pad, output_indices + pad],
+            dtype=torch.int64,
         ).to(device, non_blocking=True)
         requested = [p.logprobs for p in params if p.logprobs is not None]
         rows = RowSettings(
-            temperature=floats[0],
-            top_k=ints[0],
-            top_p=floats[1],
-            min_p=floats[2],
-            seeds=ints[1],
-            steps=ints[2],
+            temperature=floats[0, :batch],
+            top_k=ints[0, :batch],
+            top_p=floats[1, :batch],
+            min_p=floats[2, :batch],
+            seeds=ints[1, :batch],
+            steps=ints[2, :batch],
             use_top_k=any(k < vocab_size for k in top_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
         )

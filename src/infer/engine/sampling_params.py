@@ -102,6 +102,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     detokenize: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # Only requests with the same salt share prefix-cache blocks (vLLM's: one per tenant,
+    # so that none learns from the cache what another's prompts hold).
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -179,6 +182,11 @@ class SamplingParams:
             all(math.isfinite(b) and abs(b) <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
             "logit_bias",
             f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+        )
+        _require(
+            self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
+            "cache_salt",
+            "must be a non-empty string",
         )
 
     def check_for_model(self, vocab_size: int, max_seq_len: int) -> None:

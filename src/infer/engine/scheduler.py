@@ -60,6 +60,8 @@ from infer.engine.speculation import (
 
 # A request in this many failed steps is failed, even where it never failed alone.
 MAX_FAILED_STEPS = 3
+# A long prompt's chunks short of its end are whole multiples of this many tokens.
+LONG_CHUNK_ALIGN = 1024
 
 
 class QueueFullError(RuntimeError):
@@ -166,6 +168,11 @@ class Scheduler:
         self.pool = pool
         self.max_seq_len = max_seq_len
         self.token_budget = config.resolved_max_num_batched_tokens(max_seq_len)
+        # What a long prompt's chunk may take beyond the budget (the rest of the step's
+        # tokens then wait for the next step).
+        self.long_overdraft = config.resolved_long_prefill_step_tokens(max_seq_len) - (
+            self.token_budget
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -275,12 +282,16 @@ class Scheduler:
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
+        unscheduled = decodes  # decode rows still to come: a chunk leaves them their tokens
         for request in list(self.running):
-            if request.state is not RequestState.RUNNING or budget == 0:
+            decoding = self._remaining(request) == 1
+            unscheduled -= decoding
+            # (a long chunk's overdraft leaves the budget below zero, its decode rows in it)
+            if request.state is not RequestState.RUNNING or (budget <= 0 and not decoding):
                 continue
             if ahead and request.num_placeholders and self._ends_in_flight(request):
                 continue
-            num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
+            num_tokens = self._tokens_to_run(request, budget, prefills, decodes, unscheduled)
             if num_tokens == 0:
                 continue
             if not self._make_room(request, num_tokens, out, ahead=ahead):
@@ -475,19 +486,39 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         return request.num_tokens_with_pending - self.num_computed(request)
 
-    def _tokens_to_run(self, request: Request, budget: int, prefills: int, decodes: int = 0) -> int:
+    def _tokens_to_run(
+        self, request: Request, budget: int, prefills: int, decodes: int = 0, reserved: int = 0
+    ) -> int:
+        """How many of the request's tokens run in a step with ``decodes`` decode rows, out
+        of ``budget`` less ``reserved`` (decode rows still to come). Small chunks serve the
+        inter-token latency of decode rows and nothing else: with none, a chunk is as large
+        as the budget; for a sequence longer than ``long_prefill_threshold`` (whose small
+        chunks would each read its growing context and leave its first token hundreds of
+        steps away), as large as a long prompt's step budget, beside decode rows too
+        (RESULTS.md, 14). A threshold of 0 keeps every chunk at ``prefill_chunk_size``."""
         remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
         cap = self.config.max_prefill_chunks_per_step
         if cap is not None and prefills >= cap:
             return 0
+        room = max(budget - reserved, 0)
         if not self.config.use_chunked_prefill:
-            return remaining if remaining <= budget else 0
+            return remaining if remaining <= room else 0
+        threshold = self.config.long_prefill_threshold
+        if threshold > 0 and request.num_tokens > threshold:
+            room = max(budget + self.long_overdraft - reserved, 0)
+            if room >= remaining:
+                return remaining
+            # Whole multiples of LONG_CHUNK_ALIGN: cuDNN plans each attention shape on the
+            # host (~60 ms, RESULTS.md 14.3), and aligned chunks meet the shapes seen before.
+            return room - room % LONG_CHUNK_ALIGN if room >= LONG_CHUNK_ALIGN else room
+        if threshold > 0 and decodes == 0:
+            return min(remaining, room)
         size = self.config.prefill_chunk_size
         if remaining > size and prefills == 0:
             size = max(size - decodes, (size + 1) // 2)
-        return min(remaining, budget, size)
+        return min(remaining, room, size)
 
     def _make_room(
         self, request: Request, num_tokens: int, out: SchedulerOutput, *, ahead: bool
@@ -568,7 +599,9 @@ class Scheduler:
         """Give a waiting request its sequence (prefix hits included) and its prompt's blocks."""
         tokens = request.token_ids
         if request.prompt_logprobs is None:
-            seq_id = self.pool.allocate_sequence(0, tokens, request.block_keys)
+            seq_id = self.pool.allocate_sequence(
+                0, tokens, request.block_keys, request.params.cache_salt
+            )
         else:  # it scores every prompt position: none may come from the prefix cache
             seq_id = self.pool.allocate_sequence(0)
         if seq_id is None:

@@ -1,14 +1,16 @@
-"""Tensor-parallel workers: ranks 1..N-1, each a process running the model's forward pass
-on its share of the weights and KV pool, step by step as rank 0 sends them.
+"""Tensor-parallel workers: every rank but 0, each a process running the model's forward
+pass on its share of the weights and KV pool, step by step as rank 0 sends them.
 
-``start_workers`` (in the engine, rank 0) starts the workers of this machine as
-``python -m infer.engine.tp_worker`` processes and joins the group with them. When the
-environment already names a multi-node group (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``), it starts none: every other rank is launched the same way on its node.
+``start_workers`` (in the engine, rank 0) starts the workers of node 0 as
+``python -m infer.engine.tp_worker`` processes and joins the group with them; the ranks of
+other nodes come from ``tp_node.serve_node`` there (``infer serve --node-rank N``), or from a
+launcher (torchrun) that starts every rank itself (``distributed/layout.py``).
 
-A worker exits when rank 0 sends the shutdown step (``None``), and, for the workers started
-here, when rank 0's process goes away (its end of the worker's stdin closes). Rank 0 learns
-that one of them died from ``Workers.watch`` (the server's engine) or before its next step.
+A worker exits when rank 0 sends the shutdown step (``None``); when its connection to the
+group breaks (rank 0, or a rank between, went away); and, for the workers a node started,
+when that node's process goes away (its end of the worker's stdin closes). Rank 0 learns
+that one of its own workers died from ``Workers.watch`` (the server's engine) or before its
+next step; a rank of another node, when its next collective fails.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import atexit
 import logging
 import os
 import select
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,6 +35,13 @@ from infer.distributed.group import (
     close_group,
     join_group,
     open_compute,
+)
+from infer.distributed.layout import (
+    NodeRanks,
+    Rendezvous,
+    layout_of,
+    node_ranks,
+    rendezvous_for,
 )
 from infer.engine.rank import build_rank
 from infer.engine.runner import ModelRunner, StepInputs
@@ -49,6 +58,7 @@ class Workers:
     def __init__(self, processes: dict[int, subprocess.Popen[bytes]]) -> None:
         self.processes = processes
         self.group: ParallelGroup | None = None
+        self.threads_before: int | None = None  # rank 0's CPU threads, restored at ``stop``
         self._stopping = False
         self._watcher: threading.Thread | None = None
         atexit.register(self.stop)
@@ -112,27 +122,37 @@ class Workers:
                 process.wait()
         if self._watcher is not None:
             self._watcher.join()  # woken by the workers' exits
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
         self.processes = {}
         atexit.unregister(self.stop)
 
 
 def start_workers(config: EngineConfig) -> tuple[Workers, ParallelGroup]:
-    """Start this machine's workers, join the group as rank 0, and send them the config."""
-    world = config.tensor_parallel_size
-    if "WORLD_SIZE" in os.environ:  # a multi-node group: the user starts every other rank
-        if int(os.environ["WORLD_SIZE"]) != world or int(os.environ.get("RANK", "0")) != 0:
-            raise ValueError(
-                "tensor_parallel_size: the engine is rank 0 of WORLD_SIZE ranks; got "
-                f"RANK={os.environ.get('RANK')} WORLD_SIZE={os.environ['WORLD_SIZE']} "
-                f"for {world} ranks"
-            )
-        workers = Workers({})
-    else:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_free_port())
-        workers = Workers({rank: _spawn(rank, world) for rank in range(1, world)})
+    """Start node 0's workers, join the group as rank 0, and send every rank the config."""
+    ranks = node_ranks(config)
+    if not ranks.runs_engine:
+        raise ValueError(
+            f"node_rank: the engine runs on node 0 only (rank 0); this process would be "
+            f"{ranks.describe()}: run them with `infer serve ... --node-rank "
+            f"{ranks.node_rank}` (infer.engine.tp_node.serve_node)"
+        )
+    check_devices(config, ranks)
+    rendezvous = rendezvous_for(config)
+    workers = spawn_workers(ranks, rendezvous)
+    if config.resolved_device.type == "cpu":
+        workers.threads_before = torch.get_num_threads()
+        share_cpu(rendezvous.ranks_per_node)
+    if config.nnodes > 1 or ranks.launched:
+        logger.info(
+            "rank 0: waiting up to %g s at %s for ranks 1-%d to join",
+            rendezvous.timeout_s,
+            rendezvous.endpoint,
+            ranks.world_size - 1,
+        )
     try:
-        group = join_group(0, world, workers.check_alive)
+        group = join_group(0, ranks.world_size, rendezvous, workers.check_alive, layout_of(config))
         workers.group = group
         group.broadcast_object(config)
         open_compute(group, config.resolved_device)
@@ -142,22 +162,41 @@ def start_workers(config: EngineConfig) -> tuple[Workers, ParallelGroup]:
     return workers, group
 
 
-def _spawn(rank: int, world: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        _PARENT_PIPE: "1",
-    }
+def spawn_workers(ranks: NodeRanks, rendezvous: Rendezvous) -> Workers:
+    """Start the worker processes of ``ranks.spawned``, each told where to meet rank 0."""
+    env = {**os.environ, **rendezvous.env(), "WORLD_SIZE": str(ranks.world_size), _PARENT_PIPE: "1"}
     command = [sys.executable, "-m", "infer.engine.tp_worker"]
-    return subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
+    processes = {
+        rank: subprocess.Popen(
+            command,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(ranks.local_rank_of(rank))},
+            stdin=subprocess.PIPE,
+        )
+        for rank in ranks.spawned
+    }
+    return Workers(processes)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def share_cpu(ranks_on_node: int) -> None:
+    """Give this CPU rank its share of the node's cores: ranks that each run a thread per
+    core spin against one another and wait on the slowest in every collective. Unless
+    ``OMP_NUM_THREADS`` chose already (torchrun sets it)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ranks_on_node))
+
+
+def check_devices(config: EngineConfig, ranks: NodeRanks) -> None:
+    """``ValueError`` naming the flag when this node has fewer GPUs than its ranks need."""
+    if config.resolved_device.type != "cuda":
+        return
+    needed = ranks.local_rank + len(ranks.spawned) + 1
+    visible = torch.cuda.device_count()
+    if needed > visible:
+        raise ValueError(
+            f"tensor_parallel_size: this node runs {ranks.describe()} on cuda:0 to "
+            f"cuda:{needed - 1} (tensor_parallel_size / nnodes GPUs), but {visible} "
+            f"{'is' if visible == 1 else 'are'} visible"
+        )
 
 
 def _exit_with_parent() -> None:
@@ -173,11 +212,23 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="infer-parent-watch", daemon=True).start()
 
 
+def _from_rank_0(group: ParallelGroup) -> Any:
+    """Rank 0's next broadcast; ``WorkerDiedError`` once the group's connection broke."""
+    try:
+        return group.broadcast_object(None)
+    except WorkerDiedError:
+        raise
+    except RuntimeError as exc:  # gloo: a peer's connection closed
+        raise WorkerDiedError(
+            f"the connection to the group broke (rank 0, or a rank between, went away): {exc}"
+        ) from exc
+
+
 @torch.inference_mode()
 def follow_steps(runner: ModelRunner, group: ParallelGroup, device: torch.device) -> None:
     """Run every step rank 0 sends until it sends ``None``."""
     step: StepInputs | None
-    while (step := group.broadcast_object(None)) is not None:
+    while (step := _from_rank_0(group)) is not None:
         input_ids = None
         if step.ahead:
             buffer = torch.empty(step.num_tokens, dtype=torch.int64, device=device)
@@ -185,18 +236,25 @@ def follow_steps(runner: ModelRunner, group: ParallelGroup, device: torch.device
         runner.run_model(step, input_ids)
 
 
-def main() -> None:
-    """A worker's entry point (``python -m infer.engine.tp_worker``)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if os.environ.get(_PARENT_PIPE):
-        _exit_with_parent()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    group = join_group(rank, world)
-    config: EngineConfig = group.broadcast_object(None)
+def run_rank(
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    rendezvous: Rendezvous,
+    check_alive: Callable[[], None] | None = None,
+    layout: dict[str, str] | None = None,
+) -> None:
+    """Be ``rank`` until rank 0 sends the shutdown step: join, take rank 0's config, build
+    this rank's share of the model, follow the steps. ``WorkerDiedError`` when the group's
+    connection breaks."""
+    group = join_group(rank, world_size, rendezvous, check_alive, layout)
+    config: EngineConfig = _from_rank_0(group)
     device = config.resolved_device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    else:
+        share_cpu(rendezvous.ranks_per_node)
     open_compute(group, device)
     source = resolve_model(config.model)
     model_config = ModelConfig.from_hf_dict(source.hf_config)
@@ -205,6 +263,25 @@ def main() -> None:
     follow_steps(state.runner, group, device)
     state.runner.release_graphs()
     close_group()
+
+
+def main() -> None:
+    """A worker's entry point (``python -m infer.engine.tp_worker``), from the environment
+    its node (or a launcher) set."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if os.environ.get(_PARENT_PIPE):
+        _exit_with_parent()
+    rank = int(os.environ["RANK"])
+    try:
+        run_rank(
+            rank,
+            int(os.environ.get("LOCAL_RANK", rank)),
+            int(os.environ["WORLD_SIZE"]),
+            Rendezvous.from_env(),
+        )
+    except WorkerDiedError as exc:
+        logger.error("rank %d: %s; exiting", rank, exc)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

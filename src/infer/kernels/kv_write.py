@@ -3,10 +3,9 @@ the torch reference (on the GPU, ``rope_kv_write_triton`` rotates and writes in 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from infer.kernels.fp8 import FP8, to_fp8
+from infer.kernels.fp8 import FP8, indexable, to_fp8
 
 
 def write_kv_torch(
@@ -28,9 +27,6 @@ def write_kv_torch(
         rows = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping[rows]
     blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, :, offsets, :] = _to_cache(k[rows], k_cache.dtype, kv_scales[0])
-    v_cache[blocks, :, offsets, :] = _to_cache(v[rows], v_cache.dtype, kv_scales[1])
-
-
-def _to_cache(x: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
-    return to_fp8(x, scale) if dtype == FP8 else x.to(dtype)
+    for x, cache, scale in ((k, k_cache, kv_scales[0]), (v, v_cache, kv_scales[1])):
+        values = to_fp8(x[rows], scale) if cache.dtype == FP8 else x[rows].to(cache.dtype)
+        indexable(cache)[blocks, :, offsets, :] = indexable(values)

@@ -185,7 +185,7 @@ def _decode_kernel(
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-    qk_scale, window, num_splits, row_splits, merge,
+    qk_scale, v_scale, window, num_splits, row_splits, merge,
     GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DECODE_ONLY: tl.constexpr, QUERIES: tl.constexpr,
@@ -236,7 +236,7 @@ def _decode_kernel(
         BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
     )
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     o_ptrs = Out + (row + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     if not SPLIT:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
@@ -361,7 +361,7 @@ def _prefill_kernel(
     stride_ot, stride_oh, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_table,
     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-    qk_scale, window, num_splits,
+    qk_scale, v_scale, window, num_splits,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -441,7 +441,7 @@ def _prefill_kernel(
         BLOCK_N, BLOCK_SIZE, HEAD_DIM, True, DOT_PRECISION,
     )
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     o_ptrs = (Out + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
               + offs_d[None, :])
     if SPLIT:  # noqa: SIM102 (compile-time: the unsplit kernel holds no partial stores)
@@ -553,7 +553,7 @@ def new_split_scratch(
 def _launch_decode(
     out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: RaggedBatch,
     scale: float, window: int, num_splits: int, row_splits: int, tile: TileConfig,
-    scratch: SplitScratch,
+    scratch: SplitScratch, kv_scales: tuple[float, float],
 ) -> None:  # fmt: skip
     num_seqs, (_, num_heads, head_dim) = meta.num_seqs, q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -573,7 +573,8 @@ def _launch_decode(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        scale * _LOG2E, window, num_splits, row_splits, int(merge),
+        scale * kv_scales[0] * _LOG2E, float(kv_scales[1]), window, num_splits, row_splits,
+        int(merge),
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(queries * group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q), DECODE_ONLY=meta.max_query_len <= queries,
@@ -605,6 +606,7 @@ def _launch_combine(
 def _launch_prefill(
     out: Tensor, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: RaggedBatch,
     scale: float, window: int, num_splits: int, tile: TileConfig, scratch: SplitScratch,
+    kv_scales: tuple[float, float],
 ) -> None:  # fmt: skip
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -624,7 +626,7 @@ def _launch_prefill(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        scale * _LOG2E, window, num_splits,
+        scale * kv_scales[0] * _LOG2E, float(kv_scales[1]), window, num_splits,
         GROUP=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q), num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -648,10 +650,13 @@ def paged_attention(
     prefill_splits: int | None = None,
     decode_tile: TileConfig | None = None,
     prefill_tile: TileConfig | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> Tensor:
     """Attention of ``q [T, H, D]`` over the paged cache ``[N, Hkv, BS, D]`` → ``[T, H, D]``.
 
-    Same contract as ``paged_attention_torch`` (this step's K/V are already in the cache). A
+    Same contract as ``paged_attention_torch`` (this step's K/V are already in the cache,
+    an FP8 cache's divided by ``kv_scales``: the keys are widened as they are loaded, and
+    the two scales multiply the scores and the output instead of every element). A
     decode batch (``max_query_len`` at most ``decode_queries``, 1 unless a step verifies
     proposals) runs the decode kernel alone; otherwise the decode kernel serves the one-query
     rows and the prefill kernel the others. The keyword arguments
@@ -675,8 +680,9 @@ def paged_attention(
     if scratch is None:
         scratch = functools.partial(new_split_scratch, device=q.device)
     _launch_decode(
-        out, q, k_cache, v_cache, meta, scale, sliding_window, splits, row_splits, tile, scratch
-    )
+        out, q, k_cache, v_cache, meta, scale, sliding_window, splits, row_splits, tile, scratch,
+        kv_scales,
+    )  # fmt: skip
     if meta.max_query_len > meta.decode_queries:
         tile = prefill_tile or prefill_config(
             head_dim, meta.max_seq_len, q.element_size(), num_tokens
@@ -686,8 +692,9 @@ def paged_attention(
             num_tokens, block_q, num_kv_heads, kv_len, q.device
         )
         _launch_prefill(
-            out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile, scratch
-        )
+            out, q, k_cache, v_cache, meta, scale, sliding_window, splits, tile, scratch,
+            kv_scales,
+        )  # fmt: skip
     return out
 
 

@@ -43,6 +43,7 @@ class FirstFitPool(TableMeasures, PagedKVCachePool):
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         seq_id = super().allocate_sequence(0, token_ids)  # an empty sequence: no blocks yet
         assert seq_id is not None

@@ -17,6 +17,7 @@ import torch
 from infer.config import EngineConfig, ModelConfig
 from infer.loader import resolve_model
 from infer.models import model_class
+from infer.models.parallel_layers import ParallelLinear
 
 LAB_MODEL = "lab"
 # Lab 0.3's model: 32 heads × 128 dim in bfloat16, K and V counted once per token (the lab
@@ -39,6 +40,8 @@ class KVFootprint:
     window_layers: int = 0  # layers whose K/V is only needed for the last ``window`` tokens
     window: int = 0  # tokens; 0 when no layer has a sliding window
     kv_dtype_bytes: int = 0  # bytes of a cached K/V element; 0: ``dtype_bytes`` (auto)
+    fp8_params: int = 0  # of ``weight_params``, those held in FP8 (``--quantization fp8``)
+    fp8_rows: int = 0  # their output rows, each with a float32 scale
 
     @property
     def layer_bytes_per_token(self) -> int:
@@ -56,7 +59,9 @@ class KVFootprint:
 
     @property
     def weight_bytes(self) -> int:
-        return self.weight_params * self.dtype_bytes
+        """Weights at ``dtype``, FP8 projections at one byte a weight and four a row."""
+        unquantised = self.weight_params - self.fp8_params
+        return unquantised * self.dtype_bytes + self.fp8_params + 4 * self.fp8_rows
 
     def block_bytes(self, block_size: int) -> int:
         return block_size * self.bytes_per_token
@@ -83,10 +88,15 @@ def dtype_bytes(dtype: str) -> int:
     return EngineConfig(dtype=dtype).torch_dtype.itemsize
 
 
-def footprint_of_config(name: str, config: ModelConfig, dtype: str) -> KVFootprint:
-    """The footprint of an architecture; weights are counted on the ``meta`` device."""
+def footprint_of_config(
+    name: str, config: ModelConfig, dtype: str, quantization: str | None = None
+) -> KVFootprint:
+    """The footprint of an architecture; weights are counted on the ``meta`` device. With
+    ``quantization="fp8"`` the decoder projections count as FP8 (as the engine holds them)."""
     with torch.device("meta"):
         model = model_class(config)(config)
+    projections = [m for m in model.model.layers.modules() if isinstance(m, ParallelLinear)]
+    fp8 = quantization == "fp8"
     windows = [config.window_of_layer(i) for i in range(config.num_layers)]
     return KVFootprint(
         name=name,
@@ -97,20 +107,28 @@ def footprint_of_config(name: str, config: ModelConfig, dtype: str) -> KVFootpri
         weight_params=sum(p.numel() for p in model.parameters()),
         window_layers=sum(1 for w in windows if w),
         window=max(windows),
+        fp8_params=sum(m.weight.numel() for m in projections) if fp8 else 0,
+        fp8_rows=sum(m.out_features for m in projections) if fp8 else 0,
     )
 
 
 def load_footprint(
-    model: str, dtype: str = "bfloat16", kv_cache_dtype: str = "auto"
+    model: str,
+    dtype: str = "bfloat16",
+    kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
 ) -> KVFootprint:
     """Footprint of ``--model``: ``lab`` (the lab's 16 KB-per-token model, no weights), or
     anything the engine accepts (built-in name, ``.gguf`` file, HF directory, Hub id);
-    ``kv_cache_dtype`` as the engine's (``fp8``: one byte per cached element)."""
-    EngineConfig(kv_cache_dtype=kv_cache_dtype, device="cpu")  # ValueError naming the flag
+    ``kv_cache_dtype`` and ``quantization`` as the engine's (``fp8``: one byte per cached
+    element, or per weight of a decoder projection)."""
+    # ValueError naming the flag
+    EngineConfig(kv_cache_dtype=kv_cache_dtype, quantization=quantization, device="cpu")
     kv_bytes = torch.float8_e4m3fn.itemsize if kv_cache_dtype == "fp8" else 0
     if model == LAB_MODEL:
         lab = KVFootprint(LAB_MODEL, dtype_bytes=dtype_bytes(dtype), weight_params=0, **_LAB)
         return replace(lab, kv_dtype_bytes=kv_bytes)
     source = resolve_model(model)
     config = ModelConfig.from_hf_dict(source.hf_config)
-    return replace(footprint_of_config(source.name, config, dtype), kv_dtype_bytes=kv_bytes)
+    footprint = footprint_of_config(source.name, config, dtype, quantization)
+    return replace(footprint, kv_dtype_bytes=kv_bytes)

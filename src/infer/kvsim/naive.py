@@ -29,8 +29,9 @@ class NaivePool(TableMeasures, SlottedKVCache):
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
-        seq_id = super().allocate_sequence(initial_tokens, token_ids, known_keys)
+        seq_id = super().allocate_sequence(initial_tokens, token_ids, known_keys, cache_salt)
         if seq_id is None:  # no free slot: a new sequence needs a whole one
             self.refusals.record(self.blocks_per_slot, self.allocator.num_free())
         return seq_id

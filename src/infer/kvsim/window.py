@@ -68,6 +68,7 @@ class WindowedPool:
         initial_tokens: int = 0,
         token_ids: Sequence[int] = (),
         known_keys: list[bytes] | None = None,
+        cache_salt: str | None = None,
     ) -> int | None:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
@@ -149,7 +150,7 @@ class WindowedPool:
     def block_map(self, owners: Sequence[int]) -> BlockMap:
         tables = {seq_id: self.block_table(seq_id) for seq_id in self._blocks}
         return build_block_map(
-            self.num_blocks, self.block_size, tables, (), owners, self.unused_token_slots(), 0
+            self.num_blocks, self.block_size, tables, b"", owners, self.unused_token_slots(), 0
         )
 
     # --- audits --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,12 +16,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from infer import __version__
 from infer.config import EngineConfig
 from infer.heap import IdleCollections, freeze_heap
+from infer.server.allowed_hosts import ANY_HOST, AllowedHosts
 from infer.server.api_workers import ApiWorkers
 from infer.server.auth import APIKeyMiddleware
 from infer.server.body_limit import BodyLimit
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions, ChatServing
 from infer.server.completions import CompletionServing
+from infer.server.concurrency import ConcurrencyLimit
 from infer.server.dashboard import install_dashboard
+from infer.server.docs import install_docs
 from infer.server.engine_client import EngineClient, EngineStoppedError
 from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
@@ -38,6 +41,7 @@ from infer.server.openapi import (
     UNAVAILABLE,
     generation_responses,
     install_openapi,
+    json_body_schema,
 )
 from infer.server.protocol import (
     ChatCompletionChunk,
@@ -63,6 +67,9 @@ from infer.server.retry_after import RetryAfterEstimator
 from infer.server.serving import Guards, check_model, unavailable
 from infer.server.tokenize import TokenizeServing
 
+# Never refused for capacity (``concurrency.py``).
+PROBES = frozenset({"/health", "/ping", "/metrics"})
+
 
 def create_app(
     config: EngineConfig,
@@ -77,12 +84,22 @@ def create_app(
     limits: RequestLimits = DEFAULT_LIMITS,
     grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
+    limit_concurrency: int | None = None,
+    requests: InFlight | None = None,
+    allowed_hosts: Sequence[str] = (ANY_HOST,),
 ) -> FastAPI:
     """An app serving ``config``'s model. Its lifespan starts the engine process (startup
     completes once the model is loaded) and stops it. ``chat``: how conversations are
     rendered and answers read (a reasoning parser); ``limits`` bound each request's inputs,
     and its constraint is checked by ``grammar_workers`` processes, each check cut off
-    after ``grammar_timeout`` seconds (``grammar_check.py``).
+    after ``grammar_timeout`` seconds (``grammar_check.py``). At most ``limit_concurrency``
+    requests (counted in ``requests``, shared by the API processes) are served at once
+    (``concurrency.py``); None: no bound. ``allowed_hosts``: the ``Host`` names answered
+    (``allowed_hosts.py``).
+
+    What a request must pass is decided from its headers, before its body is read, in this
+    order: its ``Host``, its key, its body's announced size; the body is then read within
+    ``limits.max_body_bytes``, and only a whole request takes a place in the concurrency.
 
     ``app.state.engine`` is the ``EngineClient`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone).
@@ -131,14 +148,22 @@ def create_app(
                 await engine.stop()
                 await asyncio.to_thread(grammars.close)
 
-    app = FastAPI(title="infer", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="infer", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
     app.router.route_class = JSONBodyRoute  # large bodies parsed off the event loop
     app.state.engine = engine
     install_error_handlers(app)
     install_openapi(app)
+    install_docs(app)
+    # Each middleware added wraps those added before it: the first added runs last.
+    if limit_concurrency is not None:
+        app.add_middleware(ConcurrencyLimit, limit=limit_concurrency,
+                           requests=requests or InFlight(), exempt=PROBES)  # fmt: skip
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    if ANY_HOST not in allowed_hosts:
+        app.add_middleware(AllowedHosts, allowed=allowed_hosts)
     app.add_middleware(LimitsApplied, limits=limits)
 
     @app.post(
@@ -179,17 +204,26 @@ def create_app(
         check_model(model_id, model_name)
         return ModelCard(id=model_name, created=created, max_model_len=engine.info.max_seq_len)
 
-    @app.post("/tokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
-    async def tokenize(body: dict[str, Any], raw: Request) -> TokenizeResponse:
+    @app.post(
+        "/tokenize",
+        response_model=TokenizeResponse,
+        responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND},
+    )
+    async def tokenize(body: dict[str, Any], raw: Request) -> Response:
         """vLLM's: ``prompt`` or ``messages`` (with the chat fields) to token ids."""
         serving: TokenizeServing = raw.app.state.tokenize
         return await serving.tokenize(body)
 
-    @app.post("/detokenize", responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND})
-    async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
-        """vLLM's: token ids to text."""
+    @app.post(
+        "/detokenize",
+        response_model=DetokenizeResponse,
+        responses={**AUTHENTICATED, **BAD_REQUEST, **NOT_FOUND},
+        openapi_extra=json_body_schema(DetokenizeRequest),
+    )
+    async def detokenize(body: dict[str, Any], raw: Request) -> Response:
+        """vLLM's: token ids to text (at most ``max_seq_len`` of them)."""
         serving: TokenizeServing = raw.app.state.tokenize
-        return serving.detokenize(body)
+        return await serving.detokenize(body)
 
     @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:

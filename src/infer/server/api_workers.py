@@ -62,6 +62,7 @@ class HttpSettings:
     limits: RequestLimits  # of each request's inputs
     grammar_workers: int  # each API process's
     grammar_timeout: float
+    allowed_hosts: tuple[str, ...]  # ``Host`` names answered
 
 
 @dataclass(frozen=True)

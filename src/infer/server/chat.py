@@ -29,7 +29,7 @@ from infer.server.protocol import (
 from infer.server.reasoning import THINK_END, Reasoning, ReasoningParser
 from infer.server.retry_after import RetryAfterEstimator
 from infer.server.serving import Context, Guards, OpenAIServing
-from infer.server.sse import ROLE_DELTA, chat_chunk_choice, content_delta
+from infer.server.sse import CALLS_ROLE_DELTA, ROLE_DELTA, chat_chunk_choice, content_delta
 from infer.server.tool_calls import ToolCalls, render
 
 
@@ -41,6 +41,10 @@ class Delta:
     content: str
     tool_calls: list[DeltaToolCall] | None
     finish_reason: str | None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.reasoning or self.content or self.tool_calls or self.finish_reason)
 
 
 @dataclass(frozen=True)
@@ -158,15 +162,17 @@ class ChatServing(OpenAIServing):
     def _reasoning(self, request: ChatCompletionRequest) -> Reasoning | None:
         if self.reasoning_parser is None:
             return None
-        return Reasoning(self.reasoning_parser.thinks(request.chat_template_kwargs or {}))
+        return Reasoning(self.reasoning_parser.thinks(request.template_args().kwargs))
 
     def _template(self) -> str | None:
         tokenizer = self.engine.prompts.tokenizer
         return None if tokenizer is None else tokenizer.hf.chat_template
 
     def stream_start(self, ctx: Context) -> list[str]:
+        forced = ctx.tool_calls is not None and not ctx.tool_calls.opens_with_content
+        delta = CALLS_ROLE_DELTA if forced else ROLE_DELTA
         return [
-            ctx.template.chunk(chat_chunk_choice(i, ROLE_DELTA, None, None, None))
+            ctx.template.chunk(chat_chunk_choice(i, delta, None, None, None))
             for i in range(ctx.num_choices)
         ]
 
@@ -177,6 +183,8 @@ class ChatServing(OpenAIServing):
             delta, finish_reason = content_delta(update.text), update.finish_reason
         else:  # rare enough for the response models
             part = self.delta(ctx, index, update)
+            if part.empty and ctx.tool_calls is not None and not self._per_token(ctx):
+                return None  # text held back (a call's name being written): nothing to say
             delta = ChatDelta(
                 content=part.content or None,
                 reasoning_content=part.reasoning or None,
@@ -202,6 +210,11 @@ class ChatServing(OpenAIServing):
             said, calls, finish_reason = ctx.tool_calls.delta(index, content, finish_reason)
             content = said or ""
         return Delta(reasoning, content, calls, finish_reason)
+
+    @staticmethod
+    def _per_token(ctx: Context) -> bool:
+        """Whether each token's chunk carries something of its own (logprobs, ids)."""
+        return ctx.num_logprobs is not None or ctx.return_token_ids
 
     def usage_chunk(self, ctx: Context) -> str:
         return ctx.template.chunk("", ctx.usage().model_dump_json())

@@ -17,7 +17,8 @@ from infer.server.in_flight import InFlight
 
 
 class ConcurrencyLimit:
-    """ASGI middleware in front of the app: ``requests`` counts what it lets through."""
+    """ASGI middleware in front of the routes, behind the key and the body's bound (which
+    bound what it buffers: ``api.py``): ``requests`` counts what it lets through."""
 
     def __init__(
         self, app: ASGIApp, limit: int, requests: InFlight, exempt: frozenset[str]

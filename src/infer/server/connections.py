@@ -10,10 +10,11 @@ uvicorn's protocol with these additions, none of which touches the capacity (req
   seconds of the same moment. Idle time *between* requests is uvicorn's
   ``timeout_keep_alive``;
 - bounds on pending connections, those that have not sent a whole request: so many in all
-  and from one client address (``pending_connections.py``), the longest idle closed first.
+  and from one client address (``pending_connections.py``), the longest idle closed first;
+- bounds on a request's head, its bytes and its headers (``request_head.py``).
 
-Each closes the connection without an answer. (Logged at debug level: a client that opens
-thousands would otherwise flood the log.)
+Each closes the connection: without an answer, but for a head over its bounds, which gets
+a 431. (Logged at debug level: a client that opens thousands would otherwise flood the log.)
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from infer.server.access_log import redact_access_log
+from infer.server.errors import APIError
 from infer.server.pending_connections import PendingConnections
+from infer.server.request_head import DEFAULT_HEAD_LIMITS, HeadLimits, RequestHead
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,13 @@ class ConnectionLimits:
     pending: int  # pending connections in all
     pending_per_client: int
     grace_s: float = 1.0  # see ``pending_connections.py``
+    head: HeadLimits = DEFAULT_HEAD_LIMITS
 
 
 class ServerConfig(uvicorn.Config):
     """uvicorn's settings plus our connection bounds (uvicorn's ``limit_concurrency``
-    stays unset: it counts open connections, and answers a plain-text 503)."""
+    stays unset: it counts open connections, and answers a plain-text 503), and an access
+    log without query strings (``access_log.py``)."""
 
     def __init__(self, app: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(app, http=BoundedHttpProtocol, **kwargs)
@@ -49,6 +55,10 @@ class ServerConfig(uvicorn.Config):
         self.pending: PendingConnections[BoundedHttpProtocol] = PendingConnections(
             limits.pending, limits.pending_per_client, limits.grace_s
         )
+
+    def configure_logging(self) -> None:
+        super().configure_logging()
+        redact_access_log()
 
 
 class _State(enum.Enum):
@@ -74,6 +84,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._unanswered = 0  # whole requests without a whole response (pipelining: >1)
         self._request_started = 0.0  # event-loop time
         self._deadline: asyncio.TimerHandle | None = None
+        self._head = RequestHead(self.limits.head)
 
     # --- uvicorn's callbacks ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -93,6 +104,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        refusal = self._head.feed(data)
+        if refusal is None:
+            super().data_received(data)
+        elif not self.transport.is_closing():
+            self._refuse_head(refusal)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message = True
@@ -109,6 +127,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._head.reset()  # what follows is the next request's head
         self._in_message = False
         self._cancel_deadline()
         if not self.cycle.response_complete:
@@ -140,6 +159,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         for victim in self.pending.add(self, client, state is _State.IDLE, self.loop.time()):
             self.logger.debug("closing a pending connection for room (%s)", victim._state.value)
             victim.transport.close()
+
+    def _refuse_head(self, reason: str) -> None:
+        """A 431 (the connection closes after it): the parser never saw this head, so no
+        app answers it. Behind a response still being sent (pipelining), no answer."""
+        self.logger.debug("refusing a request head: %s", reason)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
+            return
+        error = APIError(431, f"{reason} (--max-header-bytes, --max-headers)",
+                         code="request_header_fields_too_large")  # fmt: skip
+        body = error.json().encode()
+        head = [STATUS_LINE[431], b"content-type: application/json\r\n",
+                b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n"]  # fmt: skip
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     # --- deadlines -----------------------------------------------------------------------------
     def _start_request(self) -> None:

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 Sequences = Sequence[tuple[list[int], SamplingParams]]
 STOP_TIMEOUT_S = 60.0
+WARM_UP_TEXT = "Ready means warm."  # what the tokenizer encodes once at start
 ENGINE_FAILED = "the engine failed"
 
 
@@ -587,4 +588,19 @@ def prompt_encoder(info: EngineInfo) -> PromptEncoder:
     tokenizer = None
     if info.tokenizer_path is not None:
         tokenizer = Tokenizer.load(Path(info.tokenizer_path), info.eos_token_ids)
-    return PromptEncoder(tokenizer, info.vocab_size, info.max_seq_len)
+    prompts = PromptEncoder(tokenizer, info.vocab_size, info.max_seq_len)
+    warm_up_prompts(prompts)
+    return prompts
+
+
+def warm_up_prompts(prompts: PromptEncoder) -> None:
+    """Encode a text and a conversation once, before the server says it is ready: the
+    tokenizer's first call and the chat template's compile are paid here, not by the
+    first requests. A model without a chat template is fine."""
+    if prompts.tokenizer is None:
+        return
+    prompts.tokenizer.encode_batch([WARM_UP_TEXT])
+    try:
+        prompts.encode_chat([{"role": "user", "content": WARM_UP_TEXT}])
+    except Exception as exc:  # its chat requests will say why
+        logger.debug("no chat template to warm up: %s", exc)

@@ -23,12 +23,14 @@ closes. When an API worker's pipe closes, its requests are aborted and the rest 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
 import queue
 import signal
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -94,6 +96,10 @@ class ServedEngine(SteppedEngine[RequestOutput], Protocol):
 
     def cache_stats(self) -> dict[str, float | int | str]: ...
 
+    def close(self) -> None:
+        """Release what outlives the process otherwise (tensor-parallel workers)."""
+        ...
+
     @property
     def num_running(self) -> int: ...
 
@@ -138,7 +144,26 @@ def run_engine(
     engine_factory: EngineFactory = load_engine,
 ) -> None:
     """Entry point of the engine process: ``links`` are its ends of each API process's
-    pipes, the first of the process that started it."""
+    pipes, the first of the process that started it.
+
+    The process ends as soon as this returns, once its events are sent and the engine is
+    closed (its tensor-parallel workers stopped): tearing down an interpreter with torch
+    and a model loaded made every shutdown seconds longer (RESULTS.md 9.4)."""
+    code = 1  # an exception escaped (its traceback is printed)
+    try:
+        _run_engine(config, links, engine_factory)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()  # multiprocessing's among them: it releases semaphores
+        logging.shutdown()
+        os._exit(code)
+
+
+def _run_engine(
+    config: EngineConfig, links: Sequence[PipeEnds], engine_factory: EngineFactory
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -164,6 +189,8 @@ def run_engine(
             logger.exception("the engine loop failed")
             for api in apis:
                 api.outbox.send(EngineFailed(f"{type(exc).__name__}: {exc}"))
+        finally:
+            engine.close()
     finally:
         for api in apis:
             api.outbox.close()
@@ -238,6 +265,9 @@ class _EngineLoop:
         self.apis = list(apis)  # the first: the process that started the engine
         self.collections = collections
         self.owners: dict[str, _ApiLink] = {}  # each unfinished request's API process
+        # Calls wait for the end of the step (``put_out``): answered then, while the device
+        # runs the step queued ahead, they cost the host's slack, not a launch's delay.
+        self.calls: list[tuple[_ApiLink, int, str]] = []
 
     def run(self) -> None:
         drive(self.engine, self)
@@ -278,12 +308,14 @@ class _EngineLoop:
                     case Abort(request_ids):
                         self._abort(request_ids)
                     case Call(call_id, name):
-                        api.outbox.send(self._call(call_id, name))
+                        self.calls.append((api, call_id, name))
                     case Stop():
                         self._abort_all()
                         return False
         if idle and ran:
             self.put_out([])  # e.g. aborts of waiting requests: the counters changed
+        elif not engine.has_unfinished_requests():
+            self._answer_calls()  # no step comes to answer them after
         return True
 
     def _add(self, api: _ApiLink, requests: list[NewRequest]) -> None:
@@ -310,6 +342,12 @@ class _EngineLoop:
         self._abort(orphans)
         self.apis.remove(api)
         api.outbox.close()
+
+    def _answer_calls(self) -> None:
+        calls, self.calls = self.calls, []
+        for api, call_id, name in calls:
+            if api in self.apis:  # (not an API worker gone meanwhile)
+                api.outbox.send(self._call(call_id, name))
 
     def _call(self, call_id: int, name: str) -> CallResult:
         if name not in _CALLABLE:
@@ -353,6 +391,8 @@ class _EngineLoop:
         for api in self.apis:
             api.outbox.send(StepEvents(api.progress, api.finished, snapshot))
             api.progress, api.finished = [], []
+        if self.calls:
+            self._answer_calls()
 
 
 def _failed(request_id: str, error: str) -> RequestOutput:

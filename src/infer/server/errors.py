@@ -1,7 +1,8 @@
 """OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
 
 Validation failures are 400s (FastAPI's default is 422, which OpenAI clients do not
-expect), and a ``ValueError`` whose message starts with ``field:`` names that field. An
+expect), and a ``ValueError`` whose message starts with ``field:`` names that field. A route
+the server does not have is a 404 naming it (``/v1/embeddings``: not served by this model). An
 unexpected exception is a 500 with a generic message: its details go to the log, never to
 the client.
 """
@@ -15,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from infer.engine.prompts import ContextLengthError
 from infer.server.protocol import ErrorInfo, ErrorResponse, unsupported_reason
@@ -57,6 +59,24 @@ class APIError(Exception):
         return Response(
             self.json(), self.status, headers=self.headers, media_type="application/json"
         )
+
+
+def expects_body(scope: Scope) -> bool:
+    """Whether the request's headers announce a body (a length above zero, or chunks)."""
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+            return True
+    return False
+
+
+async def refuse_before_body(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer ``error`` without reading the request's body; if one is still coming, the
+    connection closes after the answer (else the server would go on reading it, to drop
+    it, for as long as the client sends)."""
+    response = error.response()
+    if expects_body(scope):
+        response.headers["Connection"] = "close"
+    await response(scope, receive, send)
 
 
 class BodyTooLargeError(ValueError):
@@ -104,6 +124,30 @@ def _unreadable_body(exc: StarletteHTTPException) -> APIError | None:
     return APIError(400, f"request body: {reason}", param="body")
 
 
+# OpenAI endpoints a text-generation model does not serve: what a request to one is told.
+_NOT_SERVED = {
+    "/v1/embeddings": "embeddings are not served by this model (it generates text)",
+    "/embeddings": "embeddings are not served by this model (it generates text)",
+}
+_ROUTES = "/v1/chat/completions, /v1/completions, /v1/responses, /v1/models"
+
+
+def _route_error(request: Request, exc: StarletteHTTPException) -> APIError | None:
+    """A 404 or 405 of the router (no such route, or not with this method) as OpenAI words
+    it, naming the route."""
+    route = f"{request.method} {request.url.path}"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        why = _NOT_SERVED.get(request.url.path.rstrip("/"), f"no such route (this server "
+                                                              f"serves {_ROUTES})")  # fmt: skip
+        return APIError(404, f"Invalid URL ({route}): {why}", "not_found_error", headers=headers)
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allowed = headers.get("allow") or headers.get("Allow") or "other methods"
+        message = f"Invalid method ({route}): the route takes {allowed}"
+        return APIError(405, message, headers=headers)
+    return None
+
+
 def _is_union_tag(part: str) -> bool:
     """pydantic names union members in error locations (``list[int]``, ``str``,
     ``constrained-str``)."""
@@ -126,6 +170,9 @@ def install_error_handlers(app: FastAPI) -> None:
         unreadable = _unreadable_body(exc)
         if unreadable is not None:
             return unreadable.response()
+        route = _route_error(request, exc)
+        if route is not None:
+            return route.response()
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(
             exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {})

@@ -2,9 +2,11 @@
 background thread or a child process (tests, benchmarks, notebooks).
 
 On SIGINT/SIGTERM uvicorn stops accepting connections and waits for open ones. We also
-stop taking new requests (503), give in-flight ones ``shutdown_timeout`` seconds to finish,
-then abort the rest: their streams end with an error event and ``[DONE]``, non-streamed
-requests get a 503, and the engine frees their blocks before its process exits.
+stop taking new requests (503), give in-flight ones time to finish, then abort the rest:
+their streams end with an error event and ``[DONE]``, non-streamed requests get a 503, and
+the engine frees their blocks before its process exits. The whole takes at most
+``shutdown_timeout`` seconds: requests get all of it but ``stop_reserve`` (what stopping
+the engine and exiting take), so a supervisor's deadline of the same length is kept.
 
 If the engine process dies instead (a crash, the OOM killer, ``kill -9``), its pipe closes:
 in-flight requests end at once with a 503 saying the engine failed, ``/health`` answers
@@ -41,16 +43,17 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
+from infer.server.allowed_hosts import default_allowed_hosts, is_loopback
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
-from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits, ServerConfig
 from infer.server.engine_client import EngineClient
 from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes
+from infer.server.request_head import DEFAULT_HEAD_LIMITS, HeadLimits
 from infer.server.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
@@ -62,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
+# Of the shutdown timeout, what stopping the engine process and exiting are left (at most
+# half of it): RESULTS.md 9.4.
+_STOP_RESERVE_S = 1.0
 DEFAULT_KEEP_ALIVE_S = 30
 DEFAULT_HEADER_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_READ_TIMEOUT_S = 30.0
@@ -70,8 +76,6 @@ DEFAULT_PENDING_PER_CLIENT = 256
 # Requests beyond the engine's capacity: those that never reach it (models, cache stats)
 # or are refused by it (a full queue: its own 503).
 _SPARE_REQUESTS = 256
-# Never refused for capacity (``concurrency.py``).
-_PROBES = frozenset({"/health", "/ping", "/metrics"})
 _STARTED = re.compile(r"Uvicorn running on (http://\S+:\d+)")
 
 
@@ -129,9 +133,14 @@ class Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.workers is not None:
             self.workers.terminate()  # they drain while we do
-        drain = asyncio.create_task(self.engine.drain(self.shutdown_timeout))
+        drain = asyncio.create_task(self.engine.drain(drain_time(self.shutdown_timeout)))
         await super().shutdown(sockets)
         await drain
+
+
+def drain_time(shutdown_timeout: float) -> float:
+    """How long in-flight requests get to finish after a signal (see the module's doc)."""
+    return shutdown_timeout - min(_STOP_RESERVE_S, shutdown_timeout / 2)
 
 
 def build_server(
@@ -155,6 +164,8 @@ def build_server(
     limits: RequestLimits = DEFAULT_LIMITS,
     grammar_workers: int = DEFAULT_GRAMMAR_WORKERS,
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT_S,
+    head: HeadLimits = DEFAULT_HEAD_LIMITS,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Server:
     """A server for the model of ``engine_config``, its port already bound; ``.run()``
     starts the engine process, serves, and returns after a signal (or ``should_exit``) and a
@@ -170,7 +181,10 @@ def build_server(
     directory before prometheus_client is imported (``infer serve`` sees to it); they count
     their requests together, and each bounds its share of the pending connections.
     ``limits`` bound each request's inputs; ``grammar_workers`` processes (per API process)
-    check constraints, each check cut off after ``grammar_timeout`` seconds."""
+    check constraints, each check cut off after ``grammar_timeout`` seconds. ``head`` bounds
+    a request's headers (beyond, 431). ``allowed_hosts``: the ``Host`` names answered
+    (``allowed_hosts.py``); None: loopback names when ``host`` is a loopback address, else
+    any."""
     if not 0 <= port < 65536:
         raise ValueError(f"port: must be in [0, 65535], got {port}")
     if shutdown_timeout < 0:
@@ -218,11 +232,13 @@ def build_server(
             request_read_timeout=request_read_timeout,
             pending=-(-limit_pending_connections // api_server_count),
             pending_per_client=-(-limit_pending_per_client // api_server_count),
+            head=head,
         ),
         chat=chat,
         limits=limits,
         grammar_workers=grammar_workers,
         grammar_timeout=grammar_timeout,
+        allowed_hosts=tuple(allowed_hosts or default_allowed_hosts(host)),
     )
     api_ends, engine_ends = engine_pipes(api_server_count)
     in_flight = InFlight(api_server_count)
@@ -246,8 +262,20 @@ def build_server(
         ]
         workers = ApiWorkers(serve_api_worker, specs, shutdown_timeout + 2 * _UVICORN_GRACE_S)
     link = EngineLink(api_ends[0], engine_ends)
-    return _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
-                   workers)  # fmt: skip
+    server = _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
+                     workers)  # fmt: skip
+    warn_if_open(host, api_key)  # once uvicorn has set up the logging
+    return server
+
+
+def warn_if_open(host: str, api_key: str | None) -> None:
+    """A server listening beyond this machine without a key serves anyone who reaches it:
+    say so (it may be meant, behind a gateway)."""
+    if not api_key and not is_loopback(host):
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach this port can use the "
+            "server (set --api-key, or bind 127.0.0.1)", host,
+        )  # fmt: skip
 
 
 def _server(
@@ -264,9 +292,10 @@ def _server(
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
                      engine_factory, link, in_flight, workers, http.chat, http.limits,
-                     http.grammar_workers, http.grammar_timeout)  # fmt: skip
+                     http.grammar_workers, http.grammar_timeout, http.limit_concurrency,
+                     requests, http.allowed_hosts)  # fmt: skip
     config = ServerConfig(
-        ConcurrencyLimit(app, http.limit_concurrency, requests, exempt=_PROBES),
+        app,
         http.connections,
         host=http.host,
         port=http.port,
@@ -381,19 +410,33 @@ class ServerProcess:
 
 
 @contextmanager
-def spawn_server(args: Sequence[str], startup_timeout: float = 600.0) -> Iterator[ServerProcess]:
-    """``python -m infer.cli serve ARGS --port 0`` (tests, benchmarks); on exit, if it is still
-    running, it gets SIGTERM (a graceful shutdown), then SIGKILL if that takes too long."""
-    command = [sys.executable, "-m", "infer.cli", "serve", *args, "--port", "0"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+def spawn_server(
+    args: Sequence[str],
+    startup_timeout: float = 600.0,
+    access_log: bool = False,
+    subcommand: str = "serve",
+) -> Iterator[ServerProcess]:
+    """``python -m infer.cli serve ARGS --port 0`` (tests, benchmarks; ``subcommand``:
+    another server, ``router``); on exit, if it is still running, it gets SIGTERM (a
+    graceful shutdown), then SIGKILL if that takes too long. ``access_log``: its standard
+    output (uvicorn's access log) goes into ``log`` too."""
+    command = [sys.executable, "-m", "infer.cli", subcommand, *args, "--port", "0"]
+    if access_log:  # one pipe, read as the log
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        stream = process.stdout
+    else:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        stream = process.stderr
     server = ServerProcess(process)
     started = threading.Event()
 
     def read_log() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
+        assert stream is not None
+        for line in stream:
             server.log.append(line)
             match = _STARTED.search(line)
             if match:

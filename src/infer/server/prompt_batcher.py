@@ -152,16 +152,22 @@ class PromptBatcher:
         failed: dict[int, BaseException] = {}
         for index, item in enumerate(items):
             group = texts[item.options.add_special_tokens]
-            if item.prompts is not None:
-                group += ((index, p) for p in item.prompts if isinstance(p, str))
-                continue
-            assert item.messages is not None
             try:
-                text = self.tokenizer.render_chat(item.messages, item.tools, item.options.template)
-            except Exception as exc:  # the template refused them: that request's error
+                if item.prompts is not None:
+                    strings = [p for p in item.prompts if isinstance(p, str)]
+                    field = "prompt"
+                else:
+                    assert item.messages is not None
+                    template = item.options.template
+                    strings = [self.tokenizer.render_chat(item.messages, item.tools, template)]
+                    field = "messages"
+                if item.options.keep_last is None:  # hopeless ones are never tokenized
+                    for text in strings:
+                        self.prompts.check_text_length(text, field)
+            except Exception as exc:  # the template refused them, or too long: its error
                 failed[index] = exc
                 continue
-            group.append((index, text))
+            group += ((index, text) for text in strings)
         encoded: dict[int, list[list[int]]] = {}  # each item's texts' ids, in order
         for special, group in texts.items():
             if group:

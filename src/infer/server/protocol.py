@@ -5,17 +5,20 @@ and parses them, plus vLLM's extra parameters (``top_k``, ``min_p``, ``chat_temp
 Requests are strict (``"0.5"`` is not a number, ``1`` is not ``true``, ``Infinity`` is not a
 number) and carry their ranges, so the OpenAPI document states them. ``null`` means "not
 given" for every optional field, as in OpenAI's API (clients that serialise unset fields send
-it). A field the server does not honour is never ignored: ``UNSUPPORTED_FIELDS`` says why it
-is refused and what to use instead, and any other unknown field is refused too (a 400 naming
-it). Limits that depend on the model (vocabulary, context) are checked by
-``SamplingParams.check_for_model``.
+it). A request field the server does not honour is never ignored: ``UNSUPPORTED_FIELDS`` says
+why it is refused and what to use instead, and any other unknown field is refused too (a 400
+naming it). Messages are the exception: client libraries add fields of their own to the
+messages they send back (litellm's ``provider_specific_fields``), so a message, a content part
+or an earlier tool call ignores fields it does not know (logged at debug). Limits that depend
+on the model (vocabulary, context) are checked by ``SamplingParams.check_for_model``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import (
@@ -35,8 +38,11 @@ from infer.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from infer.engine.strict_schema import strict_schema
 from infer.server.request_limits import applied_limits
 from infer.tokenizer import ChatTemplateArgs
+
+logger = logging.getLogger(__name__)
 
 MAX_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 1024
@@ -85,19 +91,25 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "spaces_between_special_tokens": Unsupported("must be a boolean", (True, False)),
     "modalities": Unsupported("only text output is supported", (["text"],)),
     "audio": Unsupported("audio output is not supported"),
-    "reasoning_effort": Unsupported(
-        "not supported: reasoning is switched by the chat template (e.g. "
-        'chat_template_kwargs: {"enable_thinking": false} for Qwen3)'
-    ),
-    "reasoning": Unsupported(  # the Responses API's {"effort": ...}
-        "not supported: a thinking model thinks as its chat template says (start the server "
-        "with --reasoning-parser to get its thoughts apart)"
-    ),
-    "prediction": Unsupported("predicted outputs are not supported"),
-    "service_tier": Unsupported("not supported by this server", ("auto", "default")),
     "store": Unsupported("stored completions are not supported", (False,)),
-    "metadata": Unsupported("stored completions are not supported"),
+    # Taken by chat completions and the Responses API (declared there), not by completions:
+    "service_tier": Unsupported("a chat completions field", ("auto", "default")),
+    "metadata": Unsupported("a chat completions field"),
+    "prediction": Unsupported("a chat completions field"),
     "web_search_options": Unsupported("web search is not supported"),
+    "moderation": Unsupported("this server runs no moderation model (moderate apart)"),
+    # the Responses API's
+    "context_management": Unsupported(
+        "this server does not compact conversations (send what fits, or truncation: auto)", ([],)
+    ),
+    "background_options": Unsupported(
+        "only for background responses, which this server does not keep (send background false)"
+    ),
+    "verbosity": Unsupported(  # also the Responses API's text.verbosity
+        "the model has no verbosity setting (ask for shorter or longer answers in the "
+        'prompt, or omit it; "medium", the default, is accepted)',
+        ("medium",),
+    ),
 }
 
 
@@ -128,6 +140,10 @@ class _Request(BaseModel):
     # Keys (as clients spell them) of optional fields whose type has no ``null``: a
     # ``null`` there means "not given", so it is dropped and the default applies.
     _null_means_default: ClassVar[frozenset[str]] = frozenset()
+    _keys: ClassVar[frozenset[str]] = frozenset()  # of every field, as clients spell them
+    # Unknown fields are dropped (logged at debug) rather than refused: messages and their
+    # parts, which clients send back with fields of their own.
+    _ignores_unknown_fields: ClassVar[bool] = False
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -137,6 +153,7 @@ class _Request(BaseModel):
             for name, info in cls.model_fields.items()
             if not info.is_required() and not _admits_none(info.annotation)
         )
+        cls._keys = frozenset(info.alias or name for name, info in cls.model_fields.items())
 
     @model_validator(mode="before")
     @classmethod
@@ -146,7 +163,7 @@ class _Request(BaseModel):
         (``UNSUPPORTED_FIELDS`` says why)."""
         if not isinstance(data, dict):
             return data
-        return {
+        kept = {
             name: value
             for name, value in data.items()
             if not (value is None and name in cls._null_means_default)
@@ -156,11 +173,68 @@ class _Request(BaseModel):
                 or not _harmless(name, value)
             )
         }
+        if cls._ignores_unknown_fields:
+            kept = cls._without_unknown_fields(kept)
+        return kept
+
+    @classmethod
+    def _without_unknown_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
+        ignored = sorted(
+            name for name in data if name not in cls._keys and name not in _SAID_OF_A_MESSAGE
+        )
+        if not ignored:
+            return data
+        logger.debug("%s: ignored fields %s", cls.__name__, ", ".join(ignored))
+        return {name: value for name, value in data.items() if name not in ignored}
+
+
+# Unsupported fields that say something of a message (a legacy function call, an earlier
+# audio answer): refused there when set, as at the top of a request (``UNSUPPORTED_FIELDS``).
+_SAID_OF_A_MESSAGE = frozenset({"function_call", "audio"})
+
+
+class _Lenient(_Request):
+    """A message or a part of one: fields a client added are ignored (``_Request``)."""
+
+    _ignores_unknown_fields = True
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16),
+]  # OpenAI's: up to 16 string pairs
+
+
+class PromptCacheOptions(_Request):
+    """OpenAI's prompt-cache settings. Prefix caching here is automatic, for every request,
+    kept while the cache has room: these change nothing, except a prewarm, which is refused
+    (it asks for no output)."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    prewarm: Literal[False] | None = None
+    comparison_response_id: str | None = None  # the Responses API's cache diagnostics
+
+
+class OpenAIHints(_Request):
+    """Request fields of OpenAI's that ask how the request is served, not what the model
+    says: accepted, and honoured as far as a single server can (the README's table)."""
+
+    # A prefix-cache hint: every request here shares the one prefix cache, so requests of
+    # the same key reuse each other's prefixes as OpenAI's routing by key aims to.
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    safety_identifier: str | None = Field(None, max_length=1024)  # OpenAI's abuse tracking
+    # One tier here: any is served as "default" (OpenAI's reply may differ from the ask).
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: every chunk carries the usage so far
+    # OpenAI pads events against length side channels; these streams are not padded.
+    include_obfuscation: bool | None = None
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -182,16 +256,25 @@ class JsonSchemaFormat(_Request):
 
 class ResponseFormat(_Request):
     """OpenAI's ``response_format``: free text, any JSON object, or JSON that validates
-    against ``json_schema.schema`` (always enforced, ``strict`` or not)."""
+    against ``json_schema.schema`` (always enforced; with ``strict``, objects have only
+    the properties named: ``strict_schema.py``). A JSON object may carry its ``schema`` too,
+    as Together's and Anyscale's take it (instructor's JSON_SCHEMA mode sent it so up to
+    1.3): enforced the same."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
     @model_validator(mode="after")
     def _schema_for_json_schema(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError(
                 "response_format.json_schema: required when type is json_schema, and only then"
+            )
+        if self.schema_ is not None and self.type != "json_object":
+            raise ValueError(
+                "response_format.schema: only with type json_object (json_schema takes it "
+                "in json_schema.schema)"
             )
         return self
 
@@ -257,6 +340,10 @@ class SamplingRequest(_Counted):
     )
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     request_id: str | None = Field(None, max_length=256, description="the response's id")
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="vLLM's: only requests with the same salt share prefix-cache entries",
+    )  # fmt: skip
     # vLLM's legacy names of ``structured_outputs``' constraints
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -322,6 +409,7 @@ class SamplingRequest(_Counted):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=constraint,
+            cache_salt=self.cache_salt,
         )
 
     @property
@@ -334,6 +422,8 @@ class SamplingRequest(_Counted):
         fmt = self.response_format
         if name == "response_format" and fmt is not None and fmt.json_schema is not None:
             return f"{name}.json_schema.schema"
+        if name == "response_format" and fmt is not None and fmt.schema_ is not None:
+            return f"{name}.schema"
         return name
 
     def constraint(self) -> StructuredOutputsParams | None:
@@ -349,9 +439,14 @@ class SamplingRequest(_Counted):
         if given[0] == "response_format":
             fmt = self.response_format
             assert fmt is not None
+            if fmt.schema_ is not None:
+                return constraint("response_format.schema", json=fmt.schema_)
             if fmt.json_schema is None:
                 return constraint("response_format", json_object=True)
-            return constraint("response_format.json_schema.schema", json=fmt.json_schema.schema_)
+            schema = fmt.json_schema.schema_
+            if fmt.json_schema.strict:
+                schema = strict_schema(schema)
+            return constraint("response_format.json_schema.schema", json=schema)
         if given[0] == "structured_outputs":
             so = self.structured_outputs
             assert so is not None
@@ -431,7 +526,7 @@ class CompletionRequest(SamplingRequest):
         return prompt
 
 
-class TextPart(_Request):
+class TextPart(_Lenient):
     type: Literal["text"]
     text: str
     # A prompt-caching hint (Anthropic's, sent through LiteLLM and others): prefix caching
@@ -443,7 +538,7 @@ class TextPart(_Request):
         return self.text
 
 
-class RefusalPart(_Request):
+class RefusalPart(_Lenient):
     """An assistant's refusal, as OpenAI writes it in the content of earlier turns."""
 
     type: Literal["refusal"]
@@ -488,12 +583,12 @@ MessageContent = Annotated[
 ]
 
 
-class FunctionCall(_Request):
+class FunctionCall(_Lenient):
     name: str
     arguments: str  # JSON text, as the model wrote it
 
 
-class ToolCallIn(_Request):
+class ToolCallIn(_Lenient):
     """A tool call of an earlier assistant turn, sent back with the conversation."""
 
     id: str
@@ -502,11 +597,12 @@ class ToolCallIn(_Request):
     index: int | None = None  # kept by clients that joined streamed deltas; order is the list's
 
 
-class ChatMessage(_Request):
+class ChatMessage(_Lenient):
     """A message of the conversation. Assistant turns take every field OpenAI returns on
     them, so clients can send back what they received (``message.model_dump()``): what does
     not change the prompt (``annotations``; ``audio`` and ``function_call``, null as this
-    server returns them) is ignored."""
+    server returns them) is ignored, and so is any field a client library adds
+    (``provider_specific_fields``)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: MessageContent | None = None
@@ -547,6 +643,18 @@ class FunctionDefinition(_Request):
     strict: bool | None = None
 
 
+def only_function_tools(tool: Any) -> Any:
+    """A tool of another type (OpenAI's custom or built-in tools) is refused by its type."""
+    kind = tool.get("type") if isinstance(tool, dict) else "function"
+    if kind != "function":
+        raise PydanticCustomError(
+            "unsupported_tool",
+            "{kind} tools are not supported (this server calls function tools only)",
+            {"kind": kind},
+        )
+    return tool
+
+
 class Tool(_Request):
     type: Literal["function"]
     function: FunctionDefinition
@@ -566,7 +674,7 @@ class Conversation(_Counted):
     chat completions and ``/tokenize`` take the same fields."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
+    tools: list[Annotated[Tool, BeforeValidator(only_function_tools)]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -585,6 +693,21 @@ class Conversation(_Counted):
         self.template_args()  # refuses reserved chat_template_kwargs
         return self
 
+    @model_validator(mode="after")
+    def _tool_messages_answer_calls(self) -> Conversation:
+        """As OpenAI: a tool message answers the tool calls of the assistant message before
+        it (other tool messages between them)."""
+        calling = False
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" and not calling:
+                raise ValueError(
+                    f"messages.{i}.role: a tool message must answer a preceding assistant "
+                    "message with tool_calls"
+                )
+            if message.role != "tool":
+                calling = message.role == "assistant" and bool(message.tool_calls)
+        return self
+
     def template_args(self) -> ChatTemplateArgs:
         """How the chat template renders this conversation."""
         return ChatTemplateArgs(
@@ -596,13 +719,39 @@ class Conversation(_Counted):
         )
 
 
-class ChatCompletionRequest(SamplingRequest, Conversation):
+class Prediction(_Request):
+    """OpenAI's predicted output: text the answer is expected to repeat, a hint for speed
+    alone (the answer is the same without it), so accepted and left unused."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ChatCompletionRequest(SamplingRequest, Conversation, OpenAIHints):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    metadata: Metadata | None = None  # OpenAI keeps it with stored completions: unused here
+    prediction: Prediction | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    def template_args(self) -> ChatTemplateArgs:
+        """The conversation's, with ``reasoning_effort`` as the template variable of that
+        name (templates that read it honour it, as in vLLM); ``none`` also switches thinking
+        off (``enable_thinking: false``, Qwen3's switch) unless the request set that."""
+        args = super().template_args()
+        if self.reasoning_effort is None:
+            return args
+        kwargs = {"reasoning_effort": self.reasoning_effort, **args.kwargs}
+        if self.reasoning_effort == "none":
+            kwargs.setdefault("enable_thinking", False)
+        return replace(args, kwargs=kwargs)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -667,8 +816,14 @@ class ChatCompletionRequest(SamplingRequest, Conversation):
             }
             for t in tools
         ]
-        single = {"maxItems": 1} if self.parallel_tool_calls is False else {}
-        return {"type": "array", "minItems": 1, **single, "items": {"anyOf": calls}}
+        limit = self.tool_call_limit
+        most = {} if limit is None else {"maxItems": limit}
+        return {"type": "array", "minItems": 1, **most, "items": {"anyOf": calls}}
+
+    @property
+    def tool_call_limit(self) -> int | None:
+        """The most tool calls a choice returns (None: any number)."""
+        return 1 if self.parallel_tool_calls is False else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -898,8 +1053,10 @@ def constraint(field: str, **kind: Any) -> StructuredOutputsParams:
 
 
 def _parameters(tool: Tool) -> dict[str, Any]:
-    """A function's arguments schema (any JSON object when it declares none)."""
-    return tool.function.parameters or {"type": "object"}
+    """A function's arguments schema (any JSON object when it declares none; with
+    ``strict``, objects have only the properties named)."""
+    schema = tool.function.parameters or {"type": "object"}
+    return strict_schema(schema) if tool.function.strict else schema
 
 
 def _default(value: Any, default: Any) -> Any:

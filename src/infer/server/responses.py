@@ -8,8 +8,12 @@ its answer (a ``message`` with ``output_text``) and its tool calls (``function_c
 items). Streamed, it sends the API's typed events (``response.created``, …,
 ``response.output_text.delta``, …, ``response.completed``).
 
-The server keeps nothing: ``store`` must be false (or absent) and ``previous_response_id``
-is refused; a client sends the whole conversation in ``input`` instead.
+The server keeps nothing: ``store`` must be false (or absent), and ``previous_response_id``,
+``conversation``, a stored ``prompt`` and ``background`` are refused; a client sends the
+whole conversation in ``input`` instead. Items sent back ignore fields they do not know, as
+chat messages do. ``top_logprobs`` or ``include: ["message.output_text.logprobs"]`` give the
+text's logprobs, ``truncation: "auto"`` keeps the end of an input too long for the context
+(vLLM's ``truncate_prompt_tokens: -1``), ``max_tool_calls`` bounds the calls returned.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from infer.engine.request import RequestOutput
 from infer.server.chat import ChatServing
@@ -25,13 +29,21 @@ from infer.server.engine_client import ChoiceUpdate
 from infer.server.errors import APIError
 from infer.server.ids import random_hex
 from infer.server.protocol import (
+    MAX_LOGPROBS,
     ChatCompletionRequest,
+    ChatLogprobs,
+    ChatTokenLogprob,
     JsonSchemaFormat,
+    Metadata,
+    OpenAIHints,
+    ReasoningEffort,
     SamplingRequest,
     ToolCall,
     Usage,
+    _Lenient,
     _Request,
     _Response,
+    only_function_tools,
 )
 from infer.server.serving import Context
 from infer.server.sse import dumps
@@ -39,13 +51,13 @@ from infer.server.sse import dumps
 _STATELESS = "this server keeps no responses (it is stateless)"
 
 
-class InputText(_Request):
+class InputText(_Lenient):
     type: Literal["input_text", "output_text"]
     text: str
     annotations: list[Any] | None = None  # of an earlier output, sent back
 
 
-class InputMessage(_Request):
+class InputMessage(_Lenient):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputText]
@@ -58,7 +70,7 @@ class InputMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class FunctionCallItem(_Request):
+class FunctionCallItem(_Lenient):
     """A tool call of an earlier output, sent back."""
 
     type: Literal["function_call"]
@@ -69,7 +81,7 @@ class FunctionCallItem(_Request):
     status: str | None = None
 
 
-class FunctionCallOutput(_Request):
+class FunctionCallOutput(_Lenient):
     """A tool's result for ``call_id``."""
 
     type: Literal["function_call_output"]
@@ -79,7 +91,7 @@ class FunctionCallOutput(_Request):
     status: str | None = None
 
 
-class ReasoningItem(_Request):
+class ReasoningItem(_Lenient):
     """Thoughts of an earlier output, sent back: not put into the prompt again (chat
     templates drop earlier turns' thoughts too)."""
 
@@ -127,37 +139,88 @@ class TextFormat(_Request):
 
 
 class TextOptions(_Request):
-    format: TextFormat | None = None
+    format: TextFormat | None = None  # ``verbosity``: see ``UNSUPPORTED_FIELDS``
 
 
-class ResponsesRequest(_Request):
+class ReasoningOptions(_Request):
+    """``reasoning``: ``effort`` reaches the chat template as chat completions'
+    ``reasoning_effort`` does; a summary is not written (the thoughts come whole, with a
+    reasoning parser), so ``summary`` changes nothing."""
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # its old name
+
+
+class ResponsesStreamOptions(_Request):
+    include_obfuscation: bool | None = None  # these streams are not padded (StreamOptions)
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# What ``include`` may name: the text's logprobs; the rest belongs to items this server never
+# returns (built-in tools, images, encrypted thoughts), so there is nothing of them to add.
+Includable = Literal[
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+]
+
+
+class ResponsesRequest(OpenAIHints):
     model: str | None = None
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    tools: list[FunctionTool] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Annotated[FunctionTool, BeforeValidator(only_function_tools)]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=0)
     text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
     stream: bool = False
+    stream_options: ResponsesStreamOptions | None = None
     store: bool | None = None
+    background: bool | None = None
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None  # a prompt template stored with OpenAI
+    metadata: Metadata | None = None
     user: str | None = None
-    truncation: Literal["disabled"] | None = None  # "auto" would drop input silently
-    include: Annotated[list[str], Field(max_length=0)] | None = None  # nothing extra to add
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[Includable] | None = None
+    # OpenAI's account programs and image settings: nothing here reads them
+    access_programs: dict[str, str] | None = None
+    image: dict[str, str] | None = None
+    cache_salt: str | None = None  # vLLM's: checked as chat completions check it
 
     @model_validator(mode="after")
     def _stateless(self) -> ResponsesRequest:
-        if self.store:
-            raise ValueError(f"store: {_STATELESS}; send store false or omit it")
-        if self.previous_response_id is not None:
-            raise ValueError(
-                f"previous_response_id: {_STATELESS}; send the whole conversation in input"
-            )
+        refused = {
+            "store": (self.store, "send store false or omit it"),
+            "background": (self.background, "send background false: the answer comes at once"),
+            "previous_response_id": (
+                self.previous_response_id, "send the whole conversation in input"),
+            "conversation": (self.conversation, "send the whole conversation in input"),
+            "prompt": (self.prompt, "send the prompt's text as instructions and input"),
+        }  # fmt: skip
+        for name, (value, instead) in refused.items():
+            if value:
+                raise ValueError(f"{name}: {_STATELESS}; {instead}")
+        if self.max_tool_calls == 0 and self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("max_tool_calls: 0 allows no call, but tool_choice forces one")
         return self
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.top_logprobs is not None or LOGPROBS_INCLUDE in (self.include or [])
 
     def as_chat(self) -> ResponsesChat:
         """The chat completion request that answers this one (``ValueError`` naming the
@@ -181,7 +244,15 @@ class ResponsesRequest(_Request):
             "stream": self.stream,
             "user": self.user,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "prompt_cache_key": self.prompt_cache_key,
+            "reasoning_effort": self.reasoning.effort if self.reasoning is not None else None,
+            "cache_salt": self.cache_salt,
         }
+        if self.wants_logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = self.top_logprobs or 0
+        if self.truncation == "auto":  # the end of the input that fits, as OpenAI's drops
+            body["truncate_prompt_tokens"] = -1  # the oldest items first
         if self.tools:
             body["tools"] = [
                 {
@@ -194,6 +265,8 @@ class ResponsesRequest(_Request):
             body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         else:
             body["tool_choice"] = self.tool_choice
+        if self.max_tool_calls == 0 and self.tools:
+            body["tool_choice"] = "none"
         fmt = self.text.format if self.text is not None else None
         if fmt is not None:
             body["response_format"] = {"type": fmt.type}
@@ -222,6 +295,12 @@ class ResponsesChat(ChatCompletionRequest):
         assert self._origin is not None
         return self._origin
 
+    @property
+    def tool_call_limit(self) -> int | None:
+        limits = [super().tool_call_limit, self.origin.max_tool_calls]
+        given = [limit for limit in limits if limit is not None]
+        return min(given) if given else None
+
 
 def _add_message(messages: list[dict[str, Any]], item: Any) -> None:
     """An input item as chat messages: a tool call joins the assistant turn before it."""
@@ -247,6 +326,7 @@ class OutputText(_Response):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = Field(default_factory=list)  # when asked for
 
 
 class OutputMessage(_Response):
@@ -318,9 +398,17 @@ class ResponseObject(_Response):
     tools: list[dict[str, Any]]
     tool_choice: Any
     parallel_tool_calls: bool
+    max_tool_calls: int | None = None
     text: dict[str, Any]
+    reasoning: dict[str, Any]
+    top_logprobs: int | None = None
+    truncation: Literal["auto", "disabled"] = "disabled"
     previous_response_id: None = None
     store: bool = False
+    background: bool = False
+    service_tier: Literal["default"] = "default"  # the one tier here, whatever was asked
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     usage: ResponseUsage | None = None
 
@@ -332,6 +420,7 @@ class _Stream:
     request: ResponsesRequest
     sequence: int = 0
     finish_reason: str | None = None
+    held_logprobs: list[ChatTokenLogprob] = field(default_factory=list)  # of held-back text
     reasoning: OutputReasoning | None = None
     message: OutputMessage | None = None
     calls: list[OutputFunctionCall] = field(default_factory=list)
@@ -383,17 +472,22 @@ class ResponsesServing(ChatServing):
             state.reasoning.content[0].text += part.reasoning
             kind = "response.reasoning_text.delta"
             events.append(self._text_delta(ctx, state, state.reasoning, kind, part.reasoning))
+        scored = self._logprobs(ctx, update.logprobs)
+        logprobs = [*state.held_logprobs, *(scored.content if scored is not None else [])]
+        state.held_logprobs = [] if part.content or part.reasoning or part.tool_calls else logprobs
         if part.content:
             if state.message is None:
                 events += self._start_message(ctx, state)
             assert state.message is not None
             state.message.content[0].text += part.content
+            state.message.content[0].logprobs += logprobs
             kind = "response.output_text.delta"
+            dumped = [entry.model_dump(mode="json") for entry in logprobs]
             events.append(
-                self._text_delta(ctx, state, state.message, kind, part.content, logprobs=[])
+                self._text_delta(ctx, state, state.message, kind, part.content, logprobs=dumped)
             )
         for call in part.tool_calls or []:
-            if call.id is not None:  # a new call (each comes whole, but a named one's)
+            if call.id is not None:  # a new call: its name first, then its arguments
                 state.calls.append(
                     OutputFunctionCall(
                         id=_item_id("fc"),
@@ -404,16 +498,17 @@ class ResponsesServing(ChatServing):
                     )
                 )
                 events.append(self._item_added(ctx, state, state.calls[-1]))
-            current = state.calls[-1]
-            current.arguments += call.function.arguments or ""
-            events.append(
-                self._event(
-                    ctx,
-                    "response.function_call_arguments.delta",
-                    **self._at(state, current),
-                    delta=call.function.arguments or "",
+            current = state.calls[call.index]
+            if call.function.arguments:
+                current.arguments += call.function.arguments
+                events.append(
+                    self._event(
+                        ctx,
+                        "response.function_call_arguments.delta",
+                        **self._at(state, current),
+                        delta=call.function.arguments,
+                    )
                 )
-            )
         return "".join(events) or None
 
     def stream_end(self, ctx: Context) -> list[str]:
@@ -441,7 +536,7 @@ class ResponsesServing(ChatServing):
                     **at,
                     content_index=0,
                     text=part.text,
-                    logprobs=[],
+                    logprobs=[entry.model_dump(mode="json") for entry in part.logprobs],
                 )
             )
             events.append(
@@ -476,14 +571,13 @@ class ResponsesServing(ChatServing):
         items: list[OutputItem] = []
         status = _status(finish_reason)
         if message.reasoning_content:
-            text = ReasoningText(text=message.reasoning_content)
-            items.append(OutputReasoning(id=_item_id("rs"), content=[text], status=status))
+            thoughts = ReasoningText(text=message.reasoning_content)
+            items.append(OutputReasoning(id=_item_id("rs"), content=[thoughts], status=status))
         if message.content:
-            items.append(
-                OutputMessage(
-                    id=_item_id("msg"), status=status, content=[OutputText(text=message.content)]
-                )
-            )
+            scored = self._logprobs(ctx, out.logprobs)
+            logprobs = _logprobs_of(message.content, out.text, scored)
+            text = OutputText(text=message.content, logprobs=logprobs)
+            items.append(OutputMessage(id=_item_id("msg"), status=status, content=[text]))
         items += [_function_call(call) for call in message.tool_calls or []]
         return self._response(ctx, state.request, items, status, ctx.usage()).model_dump_json()
 
@@ -517,11 +611,21 @@ class ResponsesServing(ChatServing):
                 else request.tool_choice or "auto"
             ),
             parallel_tool_calls=request.parallel_tool_calls is not False,
+            max_tool_calls=request.max_tool_calls,
             text={
                 "format": fmt.model_dump(by_alias=True, exclude_none=True)
                 if fmt
-                else {"type": "text"}
+                else {"type": "text"},
+                "verbosity": "medium",
             },
+            reasoning={
+                "effort": request.reasoning.effort if request.reasoning else None,
+                "summary": request.reasoning.summary if request.reasoning else None,
+            },
+            top_logprobs=request.top_logprobs,
+            truncation=request.truncation or "disabled",
+            prompt_cache_key=request.prompt_cache_key,
+            safety_identifier=request.safety_identifier,
             metadata=request.metadata or {},
             usage=None
             if usage is None
@@ -583,6 +687,20 @@ Status = Literal["in_progress", "completed", "incomplete"]
 def _status(finish_reason: str | None) -> Status:
     """A finished response's: cut by its token limit, or complete."""
     return "incomplete" if finish_reason == "length" else "completed"
+
+
+def _logprobs_of(text: str, output: str, scored: ChatLogprobs | None) -> list[ChatTokenLogprob]:
+    """The logprobs of the tokens that wrote ``text``, a part of the whole ``output`` (the
+    answer after the thoughts, or before the tool calls)."""
+    if scored is None:
+        return []
+    start = max(output.find(text), 0)
+    end, offset, picked = start + len(text), 0, []
+    for entry in scored.content:
+        if offset < end and offset + len(entry.token) > start:
+            picked.append(entry)
+        offset += len(entry.token)
+    return picked
 
 
 def _function_call(call: ToolCall) -> OutputFunctionCall:

@@ -80,6 +80,8 @@ def content_delta(text: str) -> str:
 
 
 ROLE_DELTA = '{"role":"assistant","content":""}'  # a chat stream's first delta
+# ... when the answer can only be tool calls (a forced call): no text, not even empty text
+CALLS_ROLE_DELTA = '{"role":"assistant","content":null}'
 
 
 def _model(value: BaseModel | None) -> str:

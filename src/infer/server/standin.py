@@ -107,6 +107,9 @@ class StandInEngine:
     def cache_stats(self) -> dict[str, float | int | str]:
         return {"used_blocks": 0, "leaked_blocks": 0, "active_sequences": len(self._running)}
 
+    def close(self) -> None:
+        pass  # nothing outlives it
+
     @property
     def num_running(self) -> int:
         return len(self._running)

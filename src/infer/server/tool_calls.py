@@ -18,7 +18,6 @@ output, in each model family's own format.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from infer.server.protocol import (
     ToolCall,
     ToolCallFunction,
 )
+from infer.server.tool_call_scanner import CallScanner, ScannedCall
 
 HERMES_SYSTEM_PROMPT = (
     "You are a function calling AI model. You are provided with function signatures within "
@@ -63,21 +63,6 @@ class ToolCallFormat:
         if not self.opener:
             return len(text) if not text.strip() else 0
         return partial_tag(text, self.opener)
-
-    def parse(self, text: str) -> list[tuple[str, Any]]:
-        """``(name, arguments)`` of each well-formed call in ``text`` (from ``start``)."""
-        if self.opener:
-            bodies = re.findall(
-                re.escape(self.opener) + r"\s*(.*?)\s*(?:</tool_call>|$)", text, re.DOTALL
-            )
-        else:
-            bodies = [text]
-        calls = []
-        for body in bodies:
-            for value in _json_values(body):
-                if isinstance(value, dict) and isinstance(value.get("name"), str):
-                    calls.append((value["name"], value.get(self.arguments_key, {})))
-        return calls
 
 
 def partial_tag(text: str, tag: str) -> int:
@@ -159,24 +144,6 @@ def _loads_or_keep(text: str) -> Any:
         return text
 
 
-def _json_values(text: str) -> list[Any]:
-    """The JSON values written one after another in ``text`` (separators between them
-    skipped); stops at the first text that is not JSON."""
-    decoder = json.JSONDecoder()
-    values: list[Any] = []
-    index = 0
-    while True:
-        while index < len(text) and text[index] in " \t\r\n;,":
-            index += 1
-        if index >= len(text):
-            return values
-        try:
-            value, index = decoder.raw_decode(text, index)
-        except ValueError:
-            return values
-        values.append(value)
-
-
 @dataclass
 class Message:
     """What a choice says in the end: its text, its tool calls, and why it stopped."""
@@ -190,22 +157,24 @@ class Message:
 class _ChoiceStream:
     text: str = ""  # all the output so far
     sent: int = 0  # characters of it sent as content
-    in_calls: bool = False  # past the start of the tool calls: held until the end
-    named_started: bool = False
+    scanner: CallScanner | None = None  # past the start of the tool calls
+    ids: list[str] = field(default_factory=list)  # of the calls begun, in order
+    arguments_sent: list[int] = field(default_factory=list)  # characters, per call
 
 
 @dataclass
 class ToolCalls:
     """A chat request's tool calling: how each choice's output becomes tool calls, whole or
     streamed. Streaming sends content as it comes, holding back text that may begin a call;
-    the calls themselves go out once the choice has finished (each call in one delta), apart
-    from a named function's arguments, which stream as they are written."""
+    each call goes out as it is written: its id and name once the name is complete, then
+    its arguments as they grow. A call cut off by the token limit is returned as far as it
+    was written (``finish_reason: length``), streamed or not."""
 
     mode: str  # "none" | "auto" | "required" | "named"
     format: ToolCallFormat
     names: frozenset[str]
     named: str | None = None
-    parallel: bool = True
+    limit: int | None = None  # the most calls returned (1: no parallel calls)
     _streams: dict[int, _ChoiceStream] = field(default_factory=dict)
 
     @classmethod
@@ -220,41 +189,64 @@ class ToolCalls:
             format=tool_call_format(chat_template),
             names=frozenset(t.function.name for t in request.tools),
             named=named,
-            parallel=request.parallel_tool_calls is not False,
+            limit=request.tool_call_limit,
         )
+
+    @property
+    def opens_with_content(self) -> bool:
+        """Whether the output may be text (a stream's first delta then has ``content: ""``;
+        one that can only be calls has ``null``, as OpenAI's)."""
+        return self.mode in ("none", "auto")
 
     # --- whole responses ---------------------------------------------------------------
     def message(self, text: str, finish_reason: str | None) -> Message:
         if self.mode == "named":
             assert self.named is not None
-            return self._calls([(self.named, text)], None, finish_reason)
+            return self._message([(self.named, text)], None, finish_reason)
         start = None if self.mode == "none" else self._start(text)
         if start is None:
             return Message(text, None, finish_reason)
-        calls = self._parse(text[start:])
-        if not calls:
-            return Message(text, None, finish_reason)
-        return self._calls(calls, text[:start].strip() or None, finish_reason)
+        scanner = self._scanner()
+        scanner.feed(text[start:])
+        scanner.finish()
+        calls = [
+            (name, call.arguments(scanner.text)) for name, call in self._calls(scanner, final=True)
+        ]
+        if not calls:  # a forced call cut off before its name: nothing to return
+            return Message(None if self.mode == "required" else text, None, finish_reason)
+        return self._message(calls, text[:start].strip() or None, finish_reason)
 
     def _start(self, text: str) -> int | None:
         return 0 if self.mode == "required" else self.format.start(text)
 
-    def _parse(self, text: str) -> list[tuple[str, Any]]:
-        if self.mode == "required":  # a JSON array of {"name", "arguments"}, by grammar
-            values = _json_values(text)
-            items = values[0] if values and isinstance(values[0], list) else []
-            calls = [(c["name"], c["arguments"]) for c in items if isinstance(c, dict)]
-        else:
-            calls = self.format.parse(text)
-        calls = [(name, args) for name, args in calls if name in self.names]
-        return calls if self.parallel else calls[:1]
+    def _scanner(self) -> CallScanner:
+        """A forced call writes a JSON array of ``{"name", "arguments"}`` (its grammar);
+        otherwise the model's own format."""
+        key = "arguments" if self.mode == "required" else self.format.arguments_key
+        return CallScanner(key)
 
-    def _calls(
-        self, calls: list[tuple[str, Any]], content: str | None, finish_reason: str | None
+    def _calls(self, scanner: CallScanner, *, final: bool) -> list[tuple[str, ScannedCall]]:
+        """The calls of known functions so far, each with its function's name: once the
+        output ends, a forced call's name cut off is read from what was written of it
+        (its grammar allows only the functions' names)."""
+        calls = []
+        for call in scanner.calls:
+            name = call.name
+            prefix = call.name_prefix(scanner.text)
+            if name is None and final and self.mode == "required" and prefix is not None:
+                matches = [known for known in self.names if known.startswith(prefix)]
+                name = matches[0] if len(matches) == 1 else None
+            if name in self.names:
+                assert name is not None
+                calls.append((name, call))
+        return calls[: self.limit]
+
+    def _message(
+        self, calls: list[tuple[str, str]], content: str | None, finish_reason: str | None
     ) -> Message:
         tool_calls = [
-            ToolCall(id=_call_id(), function=ToolCallFunction(name=name, arguments=_text(args)))
-            for name, args in calls
+            ToolCall(id=_call_id(), function=ToolCallFunction(name=name, arguments=arguments))
+            for name, arguments in calls
         ]
         return Message(content, tool_calls, _finish(finish_reason))
 
@@ -266,63 +258,68 @@ class ToolCalls:
         stream = self._streams.setdefault(index, _ChoiceStream())
         stream.text += new_text
         if self.mode == "named":
-            return self._named_delta(stream, new_text, finish_reason)
+            return None, self._named_delta(stream, new_text), _finish(finish_reason)
         content = None
-        if not stream.in_calls:
+        if stream.scanner is None:
             start = None if self.mode == "none" else self._start(stream.text[stream.sent :])
             if start is None:
                 end = len(stream.text)
                 if finish_reason is None and self.mode != "none":
                     end -= self.format.held_back(stream.text[stream.sent :])
                 return self._content(stream, end), None, finish_reason
-            stream.in_calls = True
             content = self._content(stream, stream.sent + start)
-        if finish_reason is None:
-            return content, None, None
-        message = self.message(stream.text, finish_reason)
-        if message.tool_calls is None:  # not a call after all: it is content
-            rest = self._content(stream, len(stream.text))
+            stream.scanner = self._scanner()
+            stream.scanner.feed(stream.text[stream.sent :])
+        else:
+            stream.scanner.feed(new_text)
+        if finish_reason is not None:
+            stream.scanner.finish()
+        deltas = self._call_deltas(stream, final=finish_reason is not None)
+        if finish_reason is not None and not stream.ids and self.mode != "required":
+            rest = self._content(stream, len(stream.text))  # not a call after all: content
             return (content or "") + (rest or "") or None, None, finish_reason
-        deltas = [
-            DeltaToolCall(
-                index=i,
-                id=call.id,
-                type="function",
-                function=DeltaFunction(name=call.function.name, arguments=call.function.arguments),
-            )
-            for i, call in enumerate(message.tool_calls)
-        ]
-        return content, deltas, message.finish_reason
+        reason = _finish(finish_reason) if stream.ids else finish_reason
+        return content, deltas or None, reason
+
+    def _call_deltas(self, stream: _ChoiceStream, *, final: bool) -> list[DeltaToolCall]:
+        """What the calls wrote since the last chunk: a new call's id and name, then the
+        pieces of arguments."""
+        assert stream.scanner is not None
+        deltas = []
+        for position, (name, call) in enumerate(self._calls(stream.scanner, final=final)):
+            arguments = call.arguments(stream.scanner.text)
+            if position == len(stream.ids):
+                stream.ids.append(_call_id())
+                stream.arguments_sent.append(len(arguments))
+                function = DeltaFunction(name=name, arguments=arguments)
+                deltas.append(DeltaToolCall(index=position, id=stream.ids[position],
+                                            type="function", function=function))  # fmt: skip
+            elif len(arguments) > stream.arguments_sent[position]:
+                piece = arguments[stream.arguments_sent[position] :]
+                stream.arguments_sent[position] = len(arguments)
+                deltas.append(
+                    DeltaToolCall(index=position, function=DeltaFunction(arguments=piece))
+                )
+        return deltas
 
     def _content(self, stream: _ChoiceStream, end: int) -> str | None:
         text = stream.text[stream.sent : end]
         stream.sent = max(stream.sent, end)
         return text or None
 
-    def _named_delta(
-        self, stream: _ChoiceStream, new_text: str, finish_reason: str | None
-    ) -> tuple[str | None, list[DeltaToolCall] | None, str | None]:
-        if stream.named_started:
-            delta = DeltaToolCall(index=0, function=DeltaFunction(arguments=new_text))
-        else:
-            stream.named_started = True
-            delta = DeltaToolCall(
-                index=0,
-                id=_call_id(),
-                type="function",
-                function=DeltaFunction(name=self.named, arguments=new_text),
-            )
-        reason = None if finish_reason is None else _finish(finish_reason)
-        return None, [delta], reason
+    def _named_delta(self, stream: _ChoiceStream, new_text: str) -> list[DeltaToolCall] | None:
+        if stream.ids:
+            if not new_text:
+                return None
+            return [DeltaToolCall(index=0, function=DeltaFunction(arguments=new_text))]
+        stream.ids.append(_call_id())
+        function = DeltaFunction(name=self.named, arguments=new_text)
+        return [DeltaToolCall(index=0, id=stream.ids[0], type="function", function=function)]
 
 
 def _finish(reason: str | None) -> str | None:
     """A choice that stopped by itself with calls stopped to call them."""
     return "tool_calls" if reason == "stop" else reason
-
-
-def _text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def _call_id() -> str:

@@ -98,6 +98,20 @@ def test_serve_against_a_fake_server(fake_server: FakeServer, tmp_path: Path) ->
     assert record["model"] == "fake-model" and record["output_tokens"] == 12
     assert len(fake_server.received) == 4  # one warm-up, three measured
     assert output.with_suffix(".png").exists()
+    assert {body["temperature"] for _, body in fake_server.received} == {0.0}
+
+
+def test_serve_sends_the_temperature_asked_for(
+    fake_server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = "--workload single --max-tokens 2 --vocab-size 320 --warmup 0 --no-progress"
+    argv = ["bench", "serve", "--url", fake_server.url, *flags.split()]
+    output = ["--output", str(tmp_path / "t1.json")]
+    assert main([*argv, *output, "--temperature", "1.0"]) == 0
+    assert [body["temperature"] for _, body in fake_server.received] == [1.0]
+    assert _check_record(tmp_path / "t1.json", "server", "single", 1)["temperature"] == 1.0
+    assert main([*argv, "--temperature", "-1"]) == 2
+    assert "temperature: must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -116,3 +130,13 @@ def test_bad_input_is_a_clear_error(
 ) -> None:
     assert main([*_offline(tiny_checkpoint("llama"), 256), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_fp8_figures_get_names_of_their_own() -> None:
+    from infer.cli.bench import _precision_suffix
+    from infer.config import EngineConfig
+
+    assert _precision_suffix(EngineConfig(device="cpu")) == ""
+    fp8 = EngineConfig(device="cpu", quantization="fp8", kv_cache_dtype="fp8")
+    assert _precision_suffix(fp8) == "-fp8-kvfp8"
+    assert _precision_suffix(EngineConfig(device="cpu", kv_cache_dtype="fp8")) == "-kvfp8"

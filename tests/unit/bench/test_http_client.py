@@ -53,6 +53,14 @@ def test_streams_token_ids_with_the_workload_arrivals(fake_server: FakeServer) -
     assert summary["itl_ms"]["p50"] == pytest.approx(20.0, abs=10.0)
 
 
+def test_every_request_asks_for_the_temperature_given(fake_server: FakeServer) -> None:
+    asyncio.run(run_serving(fake_server.url, _workload(), progress=False, temperature=1.0))
+    asyncio.run(
+        run_serving(fake_server.url, _workload(sequential=True), progress=False, temperature=0.7)
+    )
+    assert [b["temperature"] for _, b in fake_server.received] == [1.0] * 3 + [0.7] * 3
+
+
 def test_sequential_waits_for_each_answer(fake_server: FakeServer) -> None:
     _, result = asyncio.run(
         run_serving(fake_server.url, _workload(sequential=True), model="fake-model", progress=False)

@@ -45,15 +45,24 @@ def test_vllm_reports_its_own_durations() -> None:
     assert "torch.compile in 35.1 s" in describe_markers(found)
 
 
-def test_infer_markers_are_when_lines_came() -> None:
+def test_infer_markers_read_the_start_up_log() -> None:
+    prefix = "INFO infer.engine.start_up_log: start-up: "
     lines = [
         (3.0, "INFO:     Started server process [1]"),
-        (20.25, "INFO infer.engine.memory: KV cache: 9000 blocks (30.0 GiB)"),
-        (41.0, "INFO:     Uvicorn running on http://127.0.0.1:8000 (Press CTRL+C to quit)"),
+        (9.0, prefix + "llama-3.2-3b: load the weights in 4.10 s"),
+        (
+            20.25,
+            prefix + "llama-3.2-3b: size the KV cache in 11.02 s; kernel variants: 9 "
+            "compiled, 0 from the kernel cache",
+        ),
+        (22.0, prefix + "wait for the sampling kernels (compiled beside the loading) in 0.50 s"),
+        (30.0, prefix + "llama-3.2-3b: capture 40 CUDA graphs in 7.90 s"),
+        (33.0, prefix + "warm-up (the first traffic, rehearsed): all parts in 2.96 s"),
+        (33.5, "INFO:     Uvicorn running on http://127.0.0.1:8000 (Press CTRL+C to quit)"),
     ]
     found = find_markers(lines, INFER_MARKERS)
-    assert [entry["s"] for entry in found.values()] == [3.0, 20.25, 41.0]
-    assert "weights loading starts (checkpoints only)" not in found
+    assert [entry["s"] for entry in found.values()] == [3.0, 4.1, 11.02, 0.5, 7.9, 2.96, 33.5]
+    assert "step kernels warmed up in" not in found
     assert describe_markers({}) == "no markers in the log"
 
 

@@ -126,9 +126,10 @@ def test_cached_free_blocks_are_reused_last_and_counted_as_evictions() -> None:
     allocator.free([cached])  # freed first: older in the queue...
     allocator.free([plain])
     assert allocator.num_cached_free() == 1
+    assert allocator.cached_mask() == bytes(1 if b == cached else 0 for b in range(3))
     taken = allocator.allocate(2)  # ...so the never-used block and then `cached` go first
     assert cached in taken and evicted == [cached] and allocator.evictions == 1
-    assert not allocator.is_cached(cached)
+    assert not allocator.is_cached(cached) and allocator.cached_mask() == bytes(3)
 
 
 def test_sharing_a_cached_free_block_takes_it_out_of_the_free_queue() -> None:

@@ -136,6 +136,35 @@ def test_a_different_prefix_does_not_match() -> None:
     assert pool.block_table(second)[1] != pool.block_table(first)[1]
 
 
+def test_only_sequences_of_the_same_cache_salt_share_blocks() -> None:
+    pool = _pool(prefix=True)
+    prompt = list(range(40))
+    salted = {}
+    for salt in (None, "tenant-a", "tenant-b"):
+        seq = pool.allocate_sequence(40, prompt, cache_salt=salt)
+        assert pool.get_seq_len(seq) == 0, salt  # none shares another salt's blocks
+        pool.advance(seq, 40)
+        pool.index_blocks(seq, prompt)
+        salted[salt] = seq
+    for salt, seq in salted.items():
+        again = pool.allocate_sequence(40, prompt, cache_salt=salt)
+        assert pool.get_seq_len(again) == 32, salt
+        assert pool.block_table(again)[:2] == pool.block_table(seq)[:2]
+
+
+def test_blocks_filled_while_generating_keep_the_salt() -> None:
+    """A prompt shorter than a block has no key yet: the blocks its generation fills are
+    keyed under its salt all the same."""
+    pool = _pool(prefix=True)
+    tokens = list(range(20))
+    first = pool.allocate_sequence(10, tokens[:10], cache_salt="tenant-a")
+    assert pool.prepare_append(first, 10)
+    pool.advance(first, 20)
+    pool.index_blocks(first, tokens)
+    for salt, cached in ((None, 0), ("tenant-b", 0), ("tenant-a", 16)):
+        assert pool.get_seq_len(pool.allocate_sequence(20, tokens, cache_salt=salt)) == cached
+
+
 def test_whole_prompt_hit_recomputes_the_last_token_into_a_copy() -> None:
     pool = _pool(prefix=True)
     prompt = list(range(32))

@@ -77,3 +77,16 @@ def test_speculative_config_is_json_as_in_vllm() -> None:
     assert spec is not None and (spec.num_speculative_tokens, spec.prompt_lookup_max) == (3, 2)
     with pytest.raises(ValueError, match=r"speculative_config\.num_speculative_tokens"):
         config_from(["--speculative-config", '{"num_speculative_tokens": 0}'])
+
+
+def test_node_flags_default_to_the_launchers_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"GROUP_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.7",
+           "MASTER_PORT": "29400"}  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    config = config_from(["--device", "cpu", "-tp", "4"])
+    assert (config.nnodes, config.node_rank, config.master_addr, config.master_port) == (
+        2, 1, "10.0.0.7", 29400
+    )  # fmt: skip
+    assert config_from(["--device", "cpu", "-tp", "4", "--node-rank", "0"]).node_rank == 0

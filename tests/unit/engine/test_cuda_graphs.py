@@ -15,6 +15,7 @@ from tests.conftest import FAMILIES
 from infer import LLM
 from infer.attention import ScheduledSequence, build_metadata
 from infer.engine.cuda_graphs import (
+    LONG_DECODE_CONTEXT,
     Bucket,
     CUDAGraphRunner,
     decode_sizes,
@@ -56,6 +57,43 @@ def _runner(
     model: torch.nn.Module, max_batch_size: int = 8, max_tokens: int = 64
 ) -> CUDAGraphRunner:
     return CUDAGraphRunner(model, 16, max_batch_size, 128, max_tokens, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_a_decode_step_with_a_long_context_takes_the_bucket_that_splits_keys_more(
+    smollm2_llm: LLM,
+) -> None:
+    graphs = CUDAGraphRunner(
+        smollm2_llm.engine.model,
+        16,
+        32,
+        8192,
+        64,
+        torch.device("cpu"),  # type: ignore[arg-type]
+    )
+    short = [_seq(i, 300, 1) for i in range(10)]
+    assert graphs.bucket_for(short) == Bucket(16, 16, True)
+    long = [*short, _seq(99, LONG_DECODE_CONTEXT - 1, 1)]
+    assert graphs.bucket_for(long) == Bucket(16, 16, True, long=True)
+    assert graphs.bucket_for(long[-3:]) == Bucket(4, 4, True)  # 4 rows split as much already
+    long_buckets = [b.tokens for b in graphs.buckets if b.long]
+    assert long_buckets == [8, 16, 32] and Bucket(16, 16, True, long=True) in graphs.buckets
+    # a runner whose context is too short for them captures none
+    assert not any(b.long for b in _runner(smollm2_llm.engine.model).buckets)
+
+
+def test_verify_buckets_sit_beside_the_long_context_decode_buckets(smollm2_llm: LLM) -> None:
+    cpu = torch.device("cpu")
+    history = TokenHistory(64, 16, cpu)
+    model = smollm2_llm.engine.model
+    graphs = CUDAGraphRunner(model, 16, 32, 8192, 64, cpu, VerifyShape(5, 1, 2), history)  # type: ignore[arg-type]
+    buckets = graphs.buckets
+    assert len(set(buckets)) == len(buckets)
+    assert [b.tokens for b in buckets if b.long] == [8, 16, 32]
+    verify = [b for b in buckets if b.queries]
+    assert [b.rows for b in verify] == [1, 2, 4, 8, 16, 32] and not any(b.long for b in verify)
+    assert graphs.verify_bucket(9) == Bucket(80, 16, False, queries=5)
+    long = [_seq(i, 300, 1) for i in range(9)] + [_seq(99, LONG_DECODE_CONTEXT, 1)]
+    assert graphs.bucket_for(long) == Bucket(16, 16, True, long=True)
 
 
 def test_a_step_finds_the_smallest_bucket_that_holds_it(smollm2_llm: LLM) -> None:
@@ -112,7 +150,7 @@ def test_a_verify_bucket_gives_the_real_rows_what_an_eager_verify_step_gives(
     )
     graphs = CUDAGraphRunner(model, 16, 8, 128, 64, cpu, VerifyShape(4, 1, 2), history)  # type: ignore[arg-type]
     bucket = graphs.verify_bucket(3)
-    assert bucket == Bucket(16, 4, False, 4)
+    assert bucket == Bucket(16, 4, False, queries=4)
     with torch.inference_mode():
         graphs.load_verify(plan, None)
         padded = graphs.forward(bucket)[:12]

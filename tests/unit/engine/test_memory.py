@@ -57,3 +57,9 @@ def test_an_fp8_cache_holds_twice_the_blocks_of_bfloat16(
     assert fp8.engine.model.model.layers[0].self_attn.k_cache.dtype == torch.float8_e4m3fn
     result = fp8.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))[0]
     assert len(result.outputs[0].token_ids) == 4
+    # The stats count the bytes: one a cached element (3 layers x 2 KV heads x 16 dims).
+    stats, bf16_stats = fp8.cache_stats(), LLM(path, **options).cache_stats()
+    assert stats["kv_cache_dtype"] == "float8_e4m3fn" and bf16_stats["kv_cache_dtype"] == "bfloat16"
+    assert stats["kv_bytes_per_token"] == 2 * 3 * 2 * 16 == bf16_stats["kv_bytes_per_token"] // 2
+    assert stats["kv_cache_bytes"] == 341 * 16 * 192 <= 1 << 20
+    assert stats["kv_used_bytes"] == 0

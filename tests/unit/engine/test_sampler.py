@@ -44,6 +44,18 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_batch() -> None:
     assert _sample(logits, others).token_ids[1].item() == alone
 
 
+@pytest.mark.parametrize("batch", range(1, 9))
+def test_every_setting_starts_16_byte_aligned_whatever_the_batch(batch: int) -> None:
+    """Triton compiles a variant of the sampling kernel per pointer alignment: one layout
+    for every batch size means one variant, built by the warm-up."""
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=5, min_p=0.1)
+    rows = SamplingBatch.from_requests([_request(params)] * batch, VOCAB, torch.device("cpu")).rows
+    settings = [rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.seeds, rows.steps]
+    assert all(t.data_ptr() % 16 == 0 and t.shape == (batch,) for t in settings)
+    assert rows.top_p.tolist() == pytest.approx([0.9] * batch)
+    assert rows.top_k.tolist() == [5] * batch
+
+
 def test_samples_follow_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2] + [0.0] * (VOCAB - 3)]) + 1e-30)
     requests = [_request(SamplingParams(temperature=1.0), seed=s) for s in range(3000)]

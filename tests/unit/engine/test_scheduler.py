@@ -135,10 +135,72 @@ def test_a_chunked_prompts_first_chunk_shares_the_chunk_size_with_decode_rows() 
 
 
 def test_prefill_chunk_cap_per_step() -> None:
-    scheduler = _scheduler(_pool(1000), prefill_chunk_size=4, max_prefill_chunks_per_step=2)
+    scheduler = _scheduler(
+        _pool(1000), prefill_chunk_size=4, max_prefill_chunks_per_step=2, long_prefill_threshold=0
+    )
     for name in "ABC":
         scheduler.add_request(_request(name, 10))
     assert _names(scheduler.schedule()) == [("A", 4), ("B", 4)]
+
+
+def test_with_nothing_decoding_prompts_take_chunks_as_large_as_the_budget() -> None:
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16, max_num_batched_tokens=300)
+    for name, length in (("A", 200), ("B", 150)):
+        scheduler.add_request(_request(name, length))
+    assert _names(scheduler.schedule()) == [("A", 200), ("B", 100)]  # the budget, not 16
+
+
+def test_a_long_prompt_takes_the_budget_beside_decodes_a_short_one_the_chunk_size() -> None:
+    scheduler = _scheduler(
+        _pool(2000), prefill_chunk_size=16, max_num_batched_tokens=300, long_prefill_threshold=100
+    )
+    scheduler.add_request(_request("decoding", 3))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("long", 1000))
+    scheduler.add_request(_request("short", 100))
+    first = scheduler.schedule()
+    # 299 for the long prompt (one token is the decode row's), none left for the short one
+    assert _names(first) == [("decoding", 1), ("long", 299)]
+    _run(scheduler, first)
+    _run(scheduler, scheduler.schedule())
+    _run(scheduler, scheduler.schedule())
+    # its last 103 tokens in one piece (below the threshold, but the prompt is long)
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 103), ("short", 16)]
+
+
+def test_a_long_prompt_ahead_of_decode_rows_leaves_them_their_tokens() -> None:
+    scheduler = _scheduler(_pool(2000), max_num_batched_tokens=300, long_prefill_threshold=100)
+    for name, length in (("a", 3), ("b", 3), ("long", 1000)):
+        scheduler.add_request(_request(name, length))
+    _run(scheduler, scheduler.schedule())  # a, b whole; long's first 294 tokens
+    scheduler.running.reverse()  # long first, as the oldest would be
+    assert _names(scheduler.schedule()) == [("long", 298), ("b", 1), ("a", 1)]
+
+
+def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
+    """At the default budget (8,192 tokens a step), a long prompt's chunk may take 16,384
+    less the step's decode rows, in whole thousands (1,024) short of its end; nothing else
+    joins such a step."""
+    config = EngineConfig(device="cpu", use_prefix_caching=False, long_prefill_threshold=9000)
+    scheduler = Scheduler(config, _pool(50_000), max_seq_len=40_000)
+    scheduler.add_request(_request("decoding", 3))
+    _run(scheduler, scheduler.schedule())
+    for name, length in (("long", 20_000), ("short", 8_000)):
+        scheduler.add_request(_request(name, length))
+    first = scheduler.schedule()
+    assert _names(first) == [("decoding", 1), ("long", 15 * 1024)]
+    _run(scheduler, first)
+    # the rest of the long prompt (a long sequence still), then the short one's 384
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 4_640), ("short", 384)]
+
+
+def test_a_zero_long_prefill_threshold_keeps_every_chunk_small() -> None:
+    scheduler = _scheduler(_pool(2000), prefill_chunk_size=16, long_prefill_threshold=0)
+    scheduler.add_request(_request("alone", 1000))
+    assert _names(scheduler.schedule()) == [("alone", 16)]
+    scheduler.add_request(_request("decoding", 3))
+    _run(scheduler, scheduler.schedule())  # alone's second chunk; decoding's prompt
+    assert _names(scheduler.schedule()) == [("alone", 15), ("decoding", 1)]
 
 
 def test_without_chunking_a_prompt_runs_whole() -> None:
@@ -243,6 +305,16 @@ def test_prefix_hits_skip_computed_tokens() -> None:
     out = scheduler.schedule()
     assert ("second", 2) in _names(out)  # 8 tokens came from the cache
     assert [r.num_cached_tokens for r in scheduler.running] == [0, 8]
+
+
+def test_prefix_hits_need_the_same_cache_salt() -> None:
+    pool = _pool(100, block_size=4, prefix=True)
+    scheduler = _scheduler(pool, use_prefix_caching=True)
+    for name, salt in (("a", "tenant-a"), ("b", "tenant-b"), ("a-again", "tenant-a")):
+        params = SamplingParams(cache_salt=salt)
+        scheduler.add_request(Request(name, list(range(10)), 10, params, seed=0))
+        _run(scheduler, scheduler.schedule())
+    assert [r.num_cached_tokens for r in scheduler.running] == [0, 0, 8]
 
 
 def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatch) -> None:

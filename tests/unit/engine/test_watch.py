@@ -59,7 +59,7 @@ def test_a_view_lists_running_then_waiting_requests_and_their_blocks() -> None:
 
 
 def test_steps_are_recorded_only_while_someone_watches() -> None:
-    scheduler = _scheduler(prefill_chunk_size=4)
+    scheduler = _scheduler(prefill_chunk_size=4, long_prefill_threshold=0)
     scheduler.add_request(_request("a", 6))
     clock = Clock()
     watch = EngineWatch(clock, armed_s=2.0)

@@ -8,6 +8,9 @@ point; the other tests drive ``paged_attention_triton`` with whole ragged batche
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ import infer.kernels.paged_attention as paged_attention_module
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
 from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
+from infer.kernels.fp8 import to_fp8
 from infer.kernels.paged_attention import (
     SHORT_PREFILL_LEN,
     SMALL_STEP_TOKENS,
@@ -500,3 +504,95 @@ def test_decode_queries_bounds_are_checked() -> None:
     meta.decode_queries = 64
     with pytest.raises(ValueError, match="decode_queries must be"):
         paged_attention_triton(q, k, v, meta, 0.2)
+
+
+# ---- an FP8 (e4m3) cache: widened as loaded, scaled per tensor --------------------------------
+
+FP8_SCALES = (0.02, 0.03)  # K and V: the random caches (and the poison) span e4m3's range
+
+
+@pytest.mark.parametrize(
+    ("specs", "window", "options", "dtype"),
+    [
+        ([(90, 1), (50, 50), (120, 24), (70, 3)], 0, {}, torch.float16),  # decode, prompt,
+        ([(90, 1), (50, 50), (120, 24), (70, 3)], 32, {}, torch.float32),  # chunk, prefix
+        ([(1, 1), (200, 1), (64, 1)], 0, {"num_splits": 3}, torch.float16),
+        ([(150, 9), (60, 1)], 0, {"prefill_splits": 3}, torch.float32),
+    ],
+    ids=["mixed", "window", "split-decode", "split-prefill"],
+)
+def test_an_fp8_cache_is_read_as_its_values_times_the_scales(
+    specs: list[tuple[int, int]], window: int, options: dict[str, int], dtype: torch.dtype
+) -> None:
+    q, k, v, meta = make_batch(specs, heads=(4, 2), dtype=dtype)
+    k_fp8, v_fp8 = to_fp8(k, FP8_SCALES[0]), to_fp8(v, FP8_SCALES[1])
+    scale = q.shape[-1] ** -0.5
+    out = paged_attention_triton(
+        q, k_fp8, v_fp8, meta, scale, window, kv_scales=FP8_SCALES, prefill_tile=SMALL_PREFILL,
+        **options,
+    )  # fmt: skip
+    expected = paged_attention_torch(q.float(), k_fp8, v_fp8, meta, scale, window, FP8_SCALES)
+    assert out.dtype == dtype
+    assert_matches(out, expected)
+    # Unscaled, the same cache reads as other values: the scales are applied, not ignored.
+    unscaled = paged_attention_triton(
+        q, k_fp8, v_fp8, meta, scale, window, prefill_tile=SMALL_PREFILL, **options
+    )
+    assert not torch.allclose(unscaled.float(), expected, atol=1e-2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7], ids=["one", "merged-in-kernel", "combine"])
+def test_several_query_decode_rows_read_an_fp8_cache(num_splits: int) -> None:
+    """Verify rows over an FP8 cache: the scales reach the split partials and their merge."""
+    q, k, v, meta = _verify_batch(
+        [(130, 5), (9, 2), (64, 1)], queries=5, heads=(6, 2), dtype=torch.float16
+    )
+    k_fp8, v_fp8 = to_fp8(k, FP8_SCALES[0]), to_fp8(v, FP8_SCALES[1])
+    scale = q.shape[-1] ** -0.5
+    out = paged_attention_triton(
+        q, k_fp8, v_fp8, meta, scale, num_splits=num_splits, kv_scales=FP8_SCALES
+    )
+    expected = paged_attention_torch(q.float(), k_fp8, v_fp8, meta, scale, 0, FP8_SCALES)
+    assert_matches(out, expected)
+
+
+_COMPILE = """
+import inspect
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from infer.kernels import paged_attention as kernels
+
+def compile_for_h100(kernel, types, constants):
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+    constexprs = {(names.index(n),): v for n, v in constants.items()}
+    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+
+rows = {n: "*i32" for n in ("Tables", "SeqLens", "QueryStart", "RowOrder", "RowCounts")}
+floats = {"Out": "*bf16", "PartOut": "*fp32", "PartLse": "*fp32"}
+compile_for_h100(
+    kernels._decode_kernel,
+    {**rows, **floats, "Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "Counters": "*i32",
+     "qk_scale": "fp32", "v_scale": "fp32"},
+    {"GROUP": 3, "ROWS": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64, "SPLIT": True,
+     "DOT_PRECISION": "tf32", "DECODE_ONLY": True, "QUERIES": 5},
+)
+compile_for_h100(
+    kernels._combine_kernel,
+    {**rows, **floats, "TokenRows": "*i32"},
+    {"SPLITS_POW2": 8, "HEAD_DIM": 128, "PREFILL": False, "DECODE_ONLY": True, "BLOCK_Q": 16,
+     "BLOCK_N": 64, "QUERIES": 5},
+)
+"""
+
+
+def test_verify_rows_over_an_fp8_cache_compile_for_a_gpu() -> None:
+    """The interpreter runs what Triton's compiler may reject: the decode and combine kernels
+    with several queries a row over an e4m3 cache compile for an H100 (no GPU needed; in a
+    process of its own, since the tests' kernels are the interpreter's)."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE], env=environment, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from infer.kernels.fp8 import FP8
 from infer.kernels.kv_write import write_kv_torch
 from infer.kernels.rope import apply_rope_torch
 from infer.kernels.rope_kv_write_triton import rope_and_write_kv_triton
@@ -72,3 +73,28 @@ def test_no_tokens_write_nothing() -> None:
         torch.empty(0, dtype=torch.int64),
     )  # fmt: skip
     assert not cache.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_fp8_cache_gets_k_and_v_divided_by_their_scales(dtype: torch.dtype) -> None:
+    tokens, heads, head_dim, block_size, num_blocks = 5, (4, 2), 32, 8, 3
+    q, k, v = fused_qkv(tokens, heads, head_dim, dtype)
+    k, v = k * 30, v * 30  # past 448 once divided: the kernel must clamp, not overflow
+    positions = torch.tensor([0, 3, 9, 17, 40])
+    slots = torch.tensor([3, -1, 8, 23, 0])
+    cache = cos_sin_cache(64, head_dim)
+    scales = (0.25, 0.125)
+    shape = (num_blocks, heads[1], block_size, head_dim)
+    k_ref, v_ref = torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8)
+    k_out, v_out = k_ref.clone(), v_ref.clone()
+
+    _, ref_k = apply_rope_torch(q.clone(), k, positions, cache)  # rotated, in k's dtype
+    write_kv_torch(ref_k, v, k_ref, v_ref, slots, kv_scales=scales)
+    rope_and_write_kv_triton(q, k, v, positions, cache, k_out, v_out, slots, scales)
+
+    assert torch.equal(v_out.view(torch.uint8), v_ref.view(torch.uint8))
+    assert bool(v_out.float().abs().amax() == 448)  # clamped, not NaN
+    # The rotation's products may round apart (a fused multiply-add) by one e4m3 step.
+    torch.testing.assert_close(k_out.float(), k_ref.float(), rtol=2**-3, atol=2**-6)
+    assert (k_out.view(torch.uint8) != k_ref.view(torch.uint8)).float().mean() < 0.01
+    assert not k_out.float().isnan().any()

@@ -79,3 +79,16 @@ def test_an_fp8_cache_halves_the_bytes_per_token_not_the_weights() -> None:
     assert fp8.weight_bytes == bf16.weight_bytes
     with pytest.raises(ValueError, match=r"^kv_cache_dtype: "):
         load_footprint("lab", kv_cache_dtype="int4")
+
+
+def test_fp8_weights_count_a_byte_a_projection_weight_and_a_scale_a_row() -> None:
+    bf16 = load_footprint("llama-3.2-3b")
+    fp8 = load_footprint("llama-3.2-3b", quantization="fp8")
+    # 28 layers of qkv (5,120 x 3,072), o (3,072 x 3,072), gate_up (16,384 x 3,072), down
+    # (3,072 x 8,192); the embedding (tied LM head) and norms stay in bfloat16.
+    per_layer = (5120 + 3072 + 16384) * 3072 + 3072 * 8192, 5120 + 3072 + 16384 + 3072
+    assert (fp8.fp8_params, fp8.fp8_rows) == (28 * per_layer[0], 28 * per_layer[1])
+    assert bf16.weight_bytes - fp8.weight_bytes == fp8.fp8_params - 4 * fp8.fp8_rows
+    assert fp8.bytes_per_token == bf16.bytes_per_token
+    with pytest.raises(ValueError, match=r"^quantization: "):
+        load_footprint("llama-3.2-3b", quantization="int4")

@@ -1,5 +1,6 @@
-"""FP8 quantisation per row and the W8A8 matmul: the CPU reference (the same math as
-``torch._scaled_mm``), and on a GPU the ``_scaled_mm`` path against it."""
+"""FP8 quantisation per row and the two matmuls: W8A16 for a few rows, W8A8 for many. The
+CPU references (the math of the W8A16 kernel and of ``torch._scaled_mm``), and on a GPU
+each path against its reference."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from infer.models.fp8 import (
     FP8,
     FP8_MAX,
+    W8A16_MAX_ROWS,
     dequantize_rows,
     fp8_linear,
     fp8_matmul_reference,
     quantize_rows,
+    w8a16_reference,
 )
 
 # e4m3 keeps 3 mantissa bits: a normal value rounds to within 2**-4 of itself.
@@ -54,20 +57,42 @@ def test_fp8_linear_scales_each_token_by_itself() -> None:
     w = torch.randn(32, 64)
     x = torch.stack([torch.randn(64) * 1e-4, torch.randn(64) * 1e4])
     w_q, w_scale = quantize_rows(w)
-    out = fp8_linear(x, w_q, w_scale)
+    out = fp8_linear(x, w_q, w_scale, w8a16_max_rows=0)  # W8A8 even for two rows
     exact = x @ dequantize_rows(w_q, w_scale).T
     relative = (out - exact).norm(dim=1) / exact.norm(dim=1)
     assert bool((relative < 0.05).all()), relative
 
 
-def test_fp8_linear_is_close_to_the_unquantised_product_in_the_input_dtype() -> None:
+@pytest.mark.parametrize("w8a16_max_rows", [0, 16])
+def test_fp8_linear_is_close_to_the_unquantised_product_in_the_input_dtype(
+    w8a16_max_rows: int,
+) -> None:
     torch.manual_seed(0)
     x, w = torch.randn(7, 256, dtype=torch.bfloat16), torch.randn(64, 256, dtype=torch.bfloat16)
-    out = fp8_linear(x, *quantize_rows(w))
+    out = fp8_linear(x, *quantize_rows(w), w8a16_max_rows=w8a16_max_rows)
     assert out.dtype == torch.bfloat16
     reference = x.float() @ w.float().T
     relative = (out.float() - reference).norm() / reference.norm()
     assert relative < 0.05
+
+
+def test_few_rows_keep_their_activations_and_many_rows_quantise_them() -> None:
+    torch.manual_seed(1)
+    w_q, w_scale = quantize_rows(torch.randn(32, 64))
+    x = torch.randn(5, 64)
+    few = fp8_linear(x, w_q, w_scale, w8a16_max_rows=5)
+    many = fp8_linear(x, w_q, w_scale, w8a16_max_rows=4)
+    torch.testing.assert_close(few, w8a16_reference(x, w_q, w_scale))
+    torch.testing.assert_close(many, fp8_matmul_reference(*quantize_rows(x), w_q, w_scale))
+    assert not torch.equal(few, many)
+
+
+def test_fp8_linear_keeps_leading_dimensions() -> None:
+    w_q, w_scale = quantize_rows(torch.randn(24, 32))
+    x = torch.randn(2, 3, 32)
+    out = fp8_linear(x, w_q, w_scale)
+    assert out.shape == (2, 3, 24)
+    torch.testing.assert_close(out, fp8_linear(x.reshape(6, 32), w_q, w_scale).reshape(2, 3, 24))
 
 
 gpu = [
@@ -76,19 +101,24 @@ gpu = [
 ]
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 16, 257])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 7, 8, 16, 17, 64, 257])
 @pytest.mark.parametrize("shape", [(4096, 3072), (64, 48), (40, 24)])  # the last: no 16s
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("_", [pytest.param(None, marks=gpu)])
-def test_scaled_mm_matches_the_reference(
+def test_gpu_paths_match_their_references(
     tokens: int, shape: tuple[int, int], dtype: torch.dtype, _: None
 ) -> None:
+    """W8A16 (Triton) up to ``W8A16_MAX_ROWS`` rows or where ``_scaled_mm`` cannot take the
+    shape, W8A8 (fused quantisation, then ``_scaled_mm``) above."""
     torch.manual_seed(tokens)
     out_features, in_features = shape
     x = torch.randn(tokens, in_features, device="cuda", dtype=dtype)
     w_q, w_scale = quantize_rows(torch.randn(out_features, in_features, device="cuda"))
     ours = fp8_linear(x, w_q, w_scale)
-    reference = fp8_matmul_reference(*quantize_rows(x), w_q, w_scale)
+    if tokens <= W8A16_MAX_ROWS or in_features % 16 or out_features % 16:
+        reference = w8a16_reference(x, w_q, w_scale)
+    else:
+        reference = fp8_matmul_reference(*quantize_rows(x), w_q, w_scale)
     assert ours.dtype == dtype
     # bfloat16 output rounding (8 bits), and the kernel's own accumulation order, whose
     # error grows with the sum's largest terms rather than with each output.

@@ -13,9 +13,16 @@ from typing import Any, TypeVar
 import pytest
 
 from infer import EngineConfig, SamplingParams
+from infer.engine.prompts import PromptEncoder
 from infer.engine.request import RequestOutput
 from infer.engine.scheduler import QueueFullError
-from infer.server.engine_client import EngineClient, EngineStoppedError, Job, RequestTimeoutError
+from infer.server.engine_client import (
+    EngineClient,
+    EngineStoppedError,
+    Job,
+    RequestTimeoutError,
+    warm_up_prompts,
+)
 
 T = TypeVar("T")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -205,3 +212,20 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
         assert not engine.is_healthy
 
     asyncio.run(body())
+
+
+def test_the_tokenizer_and_chat_template_are_used_once_before_ready() -> None:
+    calls: list[str] = []
+
+    class Tokenizer:
+        def encode_batch(self, texts: list[str]) -> list[list[int]]:
+            calls.append("encode")
+            return [[1] for _ in texts]
+
+        def apply_chat_template(self, messages: Any, tools: Any) -> list[int]:
+            calls.append("chat")
+            raise ValueError("this tokenizer has no chat template")
+
+    warm_up_prompts(PromptEncoder(Tokenizer(), 100, 64))  # type: ignore[arg-type]
+    assert calls == ["encode", "chat"]  # the missing template is no error here
+    warm_up_prompts(PromptEncoder(None, 100, 64))  # nothing to warm

@@ -15,8 +15,9 @@ import pytest
 
 from infer import EngineConfig, SamplingParams
 from infer.engine.request import RequestOutput, TokenLogprob
+from infer.heap import IdleCollections
 from infer.server.engine_pipes import PipeEnds, engine_pipes
-from infer.server.engine_process import run_engine
+from infer.server.engine_process import _ApiLink, _EngineLoop, run_engine
 from infer.server.messages import (
     Abort,
     AddRequests,
@@ -176,3 +177,26 @@ def test_an_api_worker_that_goes_away_has_its_requests_aborted() -> None:
         while not isinstance(event, CallResult):
             event = receive(first.events)
         assert event.value["active_sequences"] == 0  # the worker's are gone too
+
+
+def test_a_call_while_requests_run_is_answered_after_the_step() -> None:
+    """Between two steps the device waits for the next launch; a call waits instead, for
+    the end of the step, when the device runs the step queued ahead."""
+    api_ends, engine_ends = engine_pipes(1)
+    config = EngineConfig(model="smollm2-135m", device="cpu", max_batch_size=2)
+    engine, _ = standin_engine(config, step_s=0.001)
+    api = _ApiLink(engine_ends[0])
+    loop = _EngineLoop(engine, [api], IdleCollections())
+    try:
+        engine.add_request([1], SamplingParams(max_tokens=10_000), "r")
+        loop.owners["r"] = api
+        api_ends[0].commands.send(Call(3, "cache_stats"))
+        assert api.commands.poll(10)
+        assert loop.take_in(idle=False)
+        assert not api_ends[0].events.poll(0.2)  # not answered before the step
+        loop.put_out(engine.step())
+        assert isinstance(receive(api_ends[0].events), StepEvents)
+        answer = receive(api_ends[0].events)
+        assert isinstance(answer, CallResult) and answer.call_id == 3
+    finally:
+        api.outbox.close()

@@ -30,3 +30,21 @@ def test_an_unexpected_exception_is_a_500_without_its_text(
         assert "out of bounds" in caplog.text  # the details are in the log
         not_allowed = client.get("/boom")
         assert not_allowed.status_code == 405 and not_allowed.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "says"),
+    [
+        ("POST", "/v1/embeddings", "embeddings are not served by this model"),
+        ("GET", "/v1/nothing", "no such route"),
+    ],
+)
+def test_an_unknown_route_is_an_openai_error_naming_it(method: str, path: str, says: str) -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    with TestClient(app) as client:
+        response = client.request(method, path, json={"input": "hi"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["message"].startswith(f"Invalid URL ({method} {path}): ")
+    assert says in error["message"] and error["type"] == "not_found_error"

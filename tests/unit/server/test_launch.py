@@ -14,6 +14,8 @@ from infer import EngineConfig
 from infer.server import build_server
 from infer.server.concurrency import ConcurrencyLimit
 from infer.server.connections import ConnectionLimits
+from infer.server.launch import drain_time, warn_if_open
+from infer.server.request_head import HeadLimits
 
 
 @pytest.fixture
@@ -63,11 +65,19 @@ def test_connection_defaults() -> None:
     server.listener.close()
     assert server.config.timeout_keep_alive >= 30  # beyond clients' own expiry (httpx: 5 s)
     assert server.config.limits == ConnectionLimits(
-        header_timeout=5.0, request_read_timeout=30.0, pending=1024, pending_per_client=256
+        header_timeout=5.0,
+        request_read_timeout=30.0,
+        pending=1024,
+        pending_per_client=256,
+        head=HeadLimits(max_header_bytes=32 * 1024, max_headers=100),
     )
-    assert isinstance(server.config.app, ConcurrencyLimit)
-    assert server.config.app.limit == 8 + 24 + 256  # requests
-    assert server.config.app.exempt == {"/health", "/ping", "/metrics"}
+    # Outermost first: a request's Host and key, then its body's size, are checked before
+    # anything reads or buffers its body.
+    order = [m.cls.__name__ for m in server.config.app.user_middleware]
+    assert order == ["LimitsApplied", "AllowedHosts", "BodyLimit", "ConcurrencyLimit"]
+    (concurrency,) = [m for m in server.config.app.user_middleware if m.cls is ConcurrencyLimit]
+    assert concurrency.kwargs["limit"] == 8 + 24 + 256  # requests
+    assert concurrency.kwargs["exempt"] == {"/health", "/ping", "/metrics"}
     assert server.config.limit_concurrency is None  # uvicorn's count of connections: unused
     for bad, message in (
         (dict(limit_concurrency=0), r"^limit_concurrency: must be >= 1"),
@@ -102,9 +112,27 @@ def test_several_api_processes_share_the_port_and_the_bounds(
         # one socket, handed to the workers: no other process can join the port
         assert not server.listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
         assert all(spec.listener is server.listener for spec in server.workers._specs)
-        assert isinstance(server.config.app, ConcurrencyLimit)
-        assert server.config.app.limit == 8 + 24 + 256  # counted by all three together
+        (concurrency,) = [m for m in server.config.app.user_middleware if m.cls is ConcurrencyLimit]
+        assert concurrency.kwargs["limit"] == 8 + 24 + 256  # counted by all three together
         assert server.config.limits.pending == -(-1024 // 3)  # each process's share
         assert server.config.limits.pending_per_client == -(-256 // 3)
     finally:
         server.listener.close()
+
+
+def test_requests_get_the_shutdown_timeout_but_what_stopping_takes() -> None:
+    assert drain_time(10.0) == 9.0
+    assert drain_time(1.0) == 0.5  # half, at most
+    assert drain_time(0.0) == 0.0
+
+
+def test_listening_beyond_loopback_without_a_key_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for host, key, warned in (("0.0.0.0", None, True), ("::", "", True), ("10.1.2.3", None, True),
+                              ("0.0.0.0", "sk-key", False), ("127.0.0.1", None, False),
+                              ("localhost", None, False), ("::1", None, False)):  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="infer.server.launch"):
+            warn_if_open(host, key)
+        assert ("without --api-key" in caplog.text) == warned, host

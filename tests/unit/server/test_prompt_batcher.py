@@ -15,9 +15,9 @@ import pytest
 from jinja2 import TemplateError
 from tests.conftest import MIXED_SCRIPT_TEXTS
 
-from infer.engine.prompts import PromptEncoder
+from infer.engine.prompts import ContextLengthError, PromptEncoder
 from infer.loader.presets import embedded_model_path
-from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher
+from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher, PromptOptions
 from infer.tokenizer import DEFAULT_TEMPLATE_ARGS, ChatTemplateArgs, Message, Tokenizer
 
 TEXTS = [
@@ -182,3 +182,31 @@ def test_on_encoded_runs_in_the_thread_before_the_loop_hears_and_its_error_is_th
     assert seen == [("infer-tokenize", fine), ("infer-tokenize", chat)]
     assert isinstance(refused, ValueError) and str(refused) == "max_tokens: too many"
     assert isinstance(empty, ValueError)
+
+
+def test_a_text_too_long_for_any_tokenization_is_refused_without_tokenizing(
+    gated: tuple[asyncio.AbstractEventLoop, PromptBatcher, Gate], tokenizer: Tokenizer
+) -> None:
+    """512 tokens of at most ``max_token_chars`` characters each: a longer text cannot fit,
+    so it is never tokenized (a 7 MB prompt took seconds of every core); cut to its last
+    tokens (``keep_last``) it is encoded as usual."""
+    loop, batcher, gate = gated
+    gate.release.set()
+    hopeless = "a" * (512 * tokenizer.max_token_chars + 1)
+    conversation = [{"role": "user", "content": hopeless}]
+
+    async def body() -> list[Any]:
+        futures = [
+            batcher.encode_prompts(["fine", hopeless]),
+            batcher.encode_chat(conversation),
+            batcher.encode_prompts([hopeless], options=PromptOptions(keep_last=10)),
+        ]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    prompt, chat, kept = loop.run_until_complete(body())
+    for refused, field in ((prompt, "prompt"), (chat, "messages")):
+        assert isinstance(refused, ContextLengthError)
+        assert str(refused).startswith(f"{field}: ")
+        assert "characters are more than max_seq_len=512 tokens can hold" in str(refused)
+    assert kept == [tokenizer.encode(hopeless)[-10:]]
+    assert gate.calls == [1]  # "fine" (its request failed), then the kept one alone

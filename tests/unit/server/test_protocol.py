@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
 from fastapi.exceptions import RequestValidationError
+from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from pydantic import BaseModel, ValidationError
 
 from infer.server.errors import _validation_error
@@ -99,7 +101,7 @@ def test_the_prompts_scores_are_refused_on_chat(field: str, value: Any) -> None:
 
 def test_every_unsupported_field_says_what_to_do_instead() -> None:
     for field in ("echo", "prompt_logprobs", "bad_words", "priority", "length_penalty",
-                  "suffix", "reasoning_effort"):  # fmt: skip
+                  "suffix", "verbosity", "moderation"):  # fmt: skip
         reason = UNSUPPORTED_FIELDS[field].reason
         assert reason != "unknown field" and ("(" in reason or ":" in reason), field
 
@@ -271,3 +273,184 @@ def test_audio_this_server_never_returned_is_refused() -> None:
     turn = {"role": "assistant", "content": "hi", "audio": {"id": "audio_1"}}
     error = _bad_request({"messages": [*QUESTION, turn]})["error"]
     assert error["param"] == "messages.1.audio"
+
+
+# --- what clients add, what OpenAI's reference takes ---------------------------------------
+def test_fields_a_client_library_adds_to_messages_are_ignored_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sent_back = {  # litellm's message, as its loops append it (a tool call's fields too)
+        "role": "assistant", "content": "Paris.", "function_call": None,
+        "provider_specific_fields": {"refusal": None}, "thinking_blocks": None,
+        "tool_calls": [{"id": "c1", "type": "function", "provider_specific_fields": {},
+                        "function": {"name": "f", "arguments": "{}", "extra": 1}}],
+    }  # fmt: skip
+    user = {"role": "user", "content": [{"type": "text", "text": "hi", "annotations": []}]}
+    with caplog.at_level(logging.DEBUG, logger="infer.server.protocol"):
+        request = ChatCompletionRequest.model_validate({"messages": [user, sent_back]})
+    assert request.messages[1].for_template()["content"] == "Paris."
+    assert "provider_specific_fields" in caplog.text and "thinking_blocks" in caplog.text
+    assert "annotations" in caplog.text and "extra" in caplog.text
+    with pytest.raises(ValidationError, match="provider_specific_fields"):  # not at the top
+        ChatCompletionRequest.model_validate({"messages": [user], "provider_specific_fields": {}})
+    with pytest.raises(ValidationError, match="function_call"):  # a legacy call is no extra
+        ChatCompletionRequest.model_validate(
+            {"messages": [{**sent_back, "function_call": {"name": "f", "arguments": "{}"}}]}
+        )
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CHAT_BASE: dict[str, Any] = {
+    "messages": QUESTION, "model": "m", "tools": [TOOL], "logprobs": True, "stream": True,
+}  # fmt: skip
+# One value of every parameter of OpenAI's chat completions reference, accepted...
+CHAT_ACCEPTED: dict[str, Any] = {
+    "audio": None, "frequency_penalty": 0.5, "function_call": "none", "functions": [],
+    "logit_bias": {"1": 1}, "max_completion_tokens": 5, "max_tokens": 5,
+    "metadata": {"k": "v"}, "modalities": ["text"], "moderation": None, "n": 1,
+    "parallel_tool_calls": False, "prediction": {"type": "content", "content": "Paris"},
+    "presence_penalty": 0.1, "prompt_cache_key": "k",
+    "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+    "prompt_cache_retention": "24h", "reasoning_effort": "low",
+    "response_format": {"type": "json_object"}, "safety_identifier": "u1", "seed": 1,
+    "service_tier": "priority", "stop": ["x"], "store": False,
+    "stream_options": {"include_usage": True, "include_obfuscation": False},
+    "temperature": 0, "tool_choice": "required", "top_logprobs": 2, "top_p": 0.5,
+    "user": "u", "verbosity": "medium", "web_search_options": None,
+}  # fmt: skip
+# ... and the values refused, with why (the README's table says the same)
+CHAT_REFUSED: dict[str, tuple[Any, str]] = {
+    "audio": ({"voice": "alloy", "format": "mp3"}, "audio output is not supported"),
+    "functions": ([{"name": "f"}], "use tools and tool_choice"),
+    "function_call": ({"name": "f"}, "use tools and tool_choice"),
+    "modalities": (["text", "audio"], "only text output"),
+    "moderation": ({"model": "omni-moderation-latest"}, "no moderation model"),
+    "prompt_cache_options": ({"prewarm": True}, "prompt_cache_options.prewarm"),
+    "store": (True, "stored completions are not supported"),
+    "verbosity": ("low", "no verbosity setting"),
+    "web_search_options": ({}, "web search is not supported"),
+    "tools": ([{"type": "custom", "custom": {"name": "f"}}], "custom tools are not supported"),
+}
+
+
+@pytest.mark.parametrize(("field", "value"), list(CHAT_ACCEPTED.items()))
+def test_every_chat_parameter_of_openai_is_accepted(field: str, value: Any) -> None:
+    ChatCompletionRequest.model_validate({**CHAT_BASE, field: value})
+
+
+@pytest.mark.parametrize(("field", "refused"), list(CHAT_REFUSED.items()))
+def test_chat_parameters_that_cannot_be_honoured_are_refused_saying_why(
+    field: str, refused: tuple[Any, str]
+) -> None:
+    value, why = refused
+    error = _bad_request({**CHAT_BASE, field: value})["error"]
+    assert error["param"].startswith(field) and why in error["message"]
+
+
+def test_the_openai_clients_chat_parameters_are_all_listed_here() -> None:
+    """A new parameter in the installed ``openai`` client fails here until it is handled."""
+    keys = (
+        CompletionCreateParamsBase.__required_keys__ | CompletionCreateParamsBase.__optional_keys__
+    )
+    assert keys - CHAT_BASE.keys() <= CHAT_ACCEPTED.keys()
+
+
+def test_instructors_response_format_schema_constrains_the_output() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    request = ChatCompletionRequest.model_validate(
+        {"messages": QUESTION, "response_format": {"type": "json_object", "schema": schema}}
+    )
+    constraint = request.constraint()
+    assert constraint is not None and constraint.json == schema
+    assert request.constraint_field == "response_format.schema"
+    with pytest.raises(
+        ValidationError, match=r"response_format\.schema: only with type json_object"
+    ):
+        ChatCompletionRequest.model_validate(
+            {"messages": QUESTION, "response_format": {"type": "text", "schema": schema}}
+        )
+
+
+def test_reasoning_effort_reaches_the_template_and_none_switches_thinking_off() -> None:
+    low = ChatCompletionRequest.model_validate({"messages": QUESTION, "reasoning_effort": "low"})
+    assert low.template_args().kwargs == {"reasoning_effort": "low"}
+    none = ChatCompletionRequest.model_validate({"messages": QUESTION, "reasoning_effort": "none"})
+    assert none.template_args().kwargs == {"reasoning_effort": "none", "enable_thinking": False}
+    kept = ChatCompletionRequest.model_validate({
+        "messages": QUESTION, "reasoning_effort": "none",
+        "chat_template_kwargs": {"enable_thinking": True},
+    })  # fmt: skip
+    assert kept.template_args().kwargs["enable_thinking"] is True
+
+
+def test_metadata_keeps_openais_bounds() -> None:
+    ChatCompletionRequest.model_validate({"messages": QUESTION, "metadata": {}})
+    error = _bad_request({"messages": QUESTION, "metadata": {str(i): "v" for i in range(17)}})
+    assert error["error"]["param"] == "metadata"
+
+
+def test_cache_salt_reaches_the_engine_from_every_generation_endpoint() -> None:
+    """vLLM's ``cache_salt`` (one per tenant: ``cache/prefix.py``)."""
+    salt = {"cache_salt": "tenant-a"}
+    completion = CompletionRequest.model_validate({"prompt": "hi", **salt})
+    chat = ChatCompletionRequest.model_validate({"messages": QUESTION, **salt})
+    response = ResponsesRequest.model_validate({"input": "hi", **salt}).as_chat()
+    for request in (completion, chat, response):
+        assert request.sampling_params(4, None, None).cache_salt == "tenant-a"
+    with pytest.raises(ValidationError, match="cache_salt"):
+        CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})
+
+
+def _compiled_schema(request: ChatCompletionRequest) -> dict[str, Any]:
+    constraint = request.constraint()
+    assert constraint is not None
+    schema: dict[str, Any] = json.loads(constraint.compiled_grammar)["grammars"][0]["json_schema"]
+    return schema
+
+
+@pytest.mark.parametrize("strict", [True, False, None])
+def test_strict_schemas_name_every_property_an_object_may_have(strict: bool | None) -> None:
+    """OpenAI's strict mode (``strict_schema.py``), on a response format and on a forced
+    call of a function tool."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    formatted = ChatCompletionRequest.model_validate({"messages": QUESTION, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict},
+    }})  # fmt: skip
+    function = {"name": "f", "parameters": schema, "strict": strict}
+    called = ChatCompletionRequest.model_validate({
+        "messages": QUESTION, "tools": [{"type": "function", "function": function}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+    })  # fmt: skip
+    for request in (formatted, called):
+        closed = _compiled_schema(request).get("additionalProperties") is False
+        assert closed == bool(strict)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+         {"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+        [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+         {"role": "user", "content": "and?"}, {"role": "tool", "content": "late"}],
+    ],
+)  # fmt: skip
+def test_a_tool_message_without_a_call_before_it_is_refused(
+    messages: list[dict[str, Any]],
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate({"messages": messages})
+    error = _validation_error(RequestValidationError(refused.value.errors()))
+    assert error.info.param == f"messages.{len(messages) - 1}.role"
+
+
+def test_tool_messages_answering_calls_pass() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ChatCompletionRequest.model_validate({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "c2"}]},
+        {"role": "tool", "content": "one", "tool_call_id": "c1"},
+        {"role": "tool", "content": "two", "tool_call_id": "c2"},
+    ]})  # fmt: skip

@@ -1,0 +1,159 @@
+"""Which Triton kernel variants this process compiled, or loaded from Triton's disk cache,
+when, and how long each took.
+
+Triton compiles a kernel again for every new combination of its compile-time constants and
+argument attributes (an integer that is 1 or a multiple of 16, a pointer aligned to 16
+bytes): a step of a new shape can meet a variant the process has not built, and wait
+seconds for it. The log hooks Triton's JIT (``triton.knobs.runtime``): the warm-up lists
+what it built, and a variant first met after the engine said it was ready is logged as a
+warning, so a gap in the warm-up shows in the server's log with the variant that fell in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SERVING = "serving"  # the part of everything after the start-up
+# A variant built faster than this came from Triton's disk cache (a compile takes longer).
+CACHE_LOAD_S = 0.1
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One kernel variant the process built: ``specialization`` names its compile-time
+    constants and the argument attributes it was built for; ``part``: what ran it."""
+
+    name: str
+    specialization: str
+    seconds: float
+    part: str
+    from_cache: bool
+
+    def describe(self) -> str:
+        how = "loaded" if self.from_cache else "compiled"
+        return f"{self.name}[{self.specialization}] {how} in {self.seconds:.2f} s"
+
+
+class JitLog:
+    """The variants built in this process, each with the part of the start-up (or
+    ``serving``) that needed it. ``install`` hooks Triton once; without Triton (CPU
+    installs) the log stays empty."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self.variants: list[KernelVariant] = []
+        self.ready = False  # then each new variant built while serving is a warning
+        self._default_part = "start-up"  # of threads in no part: serving once ready
+        self._parts = threading.local()  # each thread's part (a warm-up may run beside)
+        self._installed = False
+        self._started: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def part(self) -> str:
+        """The part the calling thread runs."""
+        part: str = getattr(self._parts, "part", self._default_part)
+        return part
+
+    def install(self) -> bool:
+        """Hook Triton's JIT (idempotent); False when this Triton has no hooks."""
+        if self._installed:
+            return True
+        try:
+            from triton import knobs
+        except ImportError:
+            return False
+        runtime = knobs.runtime
+        if not hasattr(runtime, "jit_cache_hook"):
+            return False
+        runtime.jit_cache_hook = _chained(runtime.jit_cache_hook, self._before)
+        runtime.jit_post_compile_hook = _chained(runtime.jit_post_compile_hook, self._after)
+        self._installed = True
+        return True
+
+    @contextmanager
+    def running(self, part: str, since: int | None = None) -> Iterator[list[KernelVariant]]:
+        """Attribute the variants this thread builds meanwhile to ``part``; yields the list
+        they join when it ends, with those other threads built in ``part`` since the log
+        held ``since`` variants (default: from now on)."""
+        previous = getattr(self._parts, "part", None)
+        self._parts.part = part
+        start = len(self.variants) if since is None else since
+        built: list[KernelVariant] = []
+        try:
+            yield built
+        finally:
+            if previous is None:
+                del self._parts.part
+            else:
+                self._parts.part = previous
+            built.extend(v for v in self.variants[start:] if v.part == part)
+
+    def mark_ready(self) -> None:
+        """The engine is ready: a variant built from now on, outside another start-up's
+        parts, delayed a request."""
+        self.ready = True
+        self._default_part = SERVING
+
+    def _before(self, key: Any, **_: Any) -> None:
+        with self._lock:
+            self._started[str(key)] = self._clock()
+
+    def _after(self, key: Any, fn: Any, compile: dict[str, Any], **_: Any) -> None:
+        now = self._clock()
+        with self._lock:
+            seconds = now - self._started.pop(str(key), now)
+        name = getattr(fn, "name", "?")
+        part = self.part
+        variant = KernelVariant(
+            name, _specialization(fn, compile), seconds, part, seconds < CACHE_LOAD_S
+        )
+        self.variants.append(variant)
+        if self.ready and part == SERVING:
+            logger.warning("kernel variant built after start-up (the warm-up missed it): %s",
+                           variant.describe())  # fmt: skip
+
+
+def _chained(previous: Any, hook: Any) -> Any:
+    """``hook``, then a hook that was set before (its answer is Triton's answer)."""
+    if previous is None:
+
+        def only(**kwargs: Any) -> None:
+            hook(**kwargs)
+
+        return only
+
+    def both(**kwargs: Any) -> Any:
+        hook(**kwargs)
+        return previous(**kwargs)
+
+    return both
+
+
+def _specialization(fn: Any, compile: dict[str, Any]) -> str:
+    """``NAME=value`` of each compile-time constant, then the other arguments Triton
+    specialised: ``name%16`` (a multiple of 16 or a 16-byte aligned pointer)."""
+    try:
+        params = [p.name for p in fn.jit_function.params]
+        parts = [
+            f"{params[path[0]]}={value}"
+            for path, value in compile["constants"].items()
+            if len(path) == 1 and value is not None
+        ]
+        for path, attrs in compile["configs"][0].items():
+            if len(path) == 1 and any("divisibility" in str(a[0]) for a in attrs):
+                parts.append(f"{params[path[0]]}%16")
+        return ", ".join(parts)
+    except Exception:  # another Triton's layout: the key says it all, less readably
+        return str(compile.get("key", ""))[:300]
+
+
+JIT_LOG = JitLog()  # one per process: Triton's hooks are global

@@ -1,0 +1,108 @@
+"""The kernel-variant log, driven the way Triton's JIT calls its hooks (no GPU needed)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infer.kernels.jit_log import CACHE_LOAD_S, JitLog, _chained
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _build(log: JitLog, key: str, seconds: float) -> None:
+    """One variant built as Triton reports it: the hook before, ``seconds``, the hook after."""
+    clock = log._clock
+    assert isinstance(clock, Clock)
+    params = [SimpleNamespace(name=n) for n in ("logits_ptr", "stride", "vocab", "BLOCK")]
+    fn = SimpleNamespace(name="_sample_kernel", jit_function=SimpleNamespace(params=params))
+    compile_info: dict[str, Any] = {
+        "key": key,
+        "constants": {(3,): 1024, (2,): 1},
+        "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}],
+    }
+    log._before(key=key, repr="", fn=fn, compile=compile_info)
+    clock.now += seconds
+    log._after(key=key, repr="", fn=fn, compile=compile_info)
+
+
+def test_each_variant_is_recorded_with_its_part_time_and_specialisation() -> None:
+    log = JitLog(Clock())
+    with log.running("warm-up: greedy rows") as built:
+        _build(log, "a", 2.5)
+    _build(log, "b", CACHE_LOAD_S / 10)
+    assert [v.part for v in log.variants] == ["warm-up: greedy rows", "start-up"]
+    assert built == log.variants[:1]
+    variant = built[0]
+    assert variant.name == "_sample_kernel" and variant.seconds == 2.5
+    assert variant.specialization == "BLOCK=1024, vocab=1, logits_ptr%16, stride%16"
+    assert not variant.from_cache and log.variants[1].from_cache
+    assert variant.describe() == f"_sample_kernel[{variant.specialization}] compiled in 2.50 s"
+
+
+def test_a_variant_built_after_ready_is_a_warning_unless_a_start_up_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = JitLog(Clock())
+    with caplog.at_level(logging.INFO, logger="infer.kernels.jit_log"):
+        _build(log, "a", 1.0)
+        assert not caplog.records
+        log.mark_ready()
+        with log.running("another engine's start-up"):
+            _build(log, "b", 1.0)
+        assert not caplog.records
+        _build(log, "c", 1.5)
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "the warm-up missed it" in record.getMessage() and "1.50 s" in record.getMessage()
+    assert log.variants[-1].part == "serving"
+
+
+def test_a_layout_it_does_not_know_shows_the_key() -> None:
+    log = JitLog()
+    fn = SimpleNamespace(name="k")  # no jit_function
+    log._before(key="spec-key", fn=fn)
+    log._after(key="spec-key", fn=fn, compile={"key": "spec-key"})
+    assert log.variants[0].specialization == "spec-key"
+
+
+def test_hooks_set_before_are_still_called_and_answer() -> None:
+    calls: list[str] = []
+
+    def ours(**kwargs: Any) -> None:
+        calls.append("ours")
+
+    def theirs(**kwargs: Any) -> bool:
+        calls.append("theirs")
+        return True
+
+    assert _chained(theirs, ours)(key="k") is True
+    assert _chained(None, ours)(key="k") is None
+    assert calls == ["ours", "theirs", "ours"]
+
+
+def test_each_thread_builds_in_its_own_part() -> None:
+    log = JitLog(Clock())
+    with log.running("load the weights") as main:
+        worker = threading.Thread(target=_in_part, args=(log, "compile the sampling kernels"))
+        worker.start()
+        worker.join()
+        _build(log, "b", 1.0)
+    assert [v.part for v in log.variants] == ["compile the sampling kernels", "load the weights"]
+    assert main == log.variants[1:]
+    assert log.part == "start-up"
+
+
+def _in_part(log: JitLog, part: str) -> None:
+    with log.running(part):
+        _build(log, "a", 2.0)
