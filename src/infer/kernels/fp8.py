@@ -12,6 +12,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 # An all-zero row gets this scale instead of 0, so quantising it divides by something.
 MIN_SCALE = 1e-12
+# A row's scale is its largest magnitude times this: CUDA's torch divides by a number that
+# way, so the Triton quantisation and torch agree bit for bit on every device.
+INVERSE_FP8_MAX = 1.0 / FP8_MAX
 
 
 def to_fp8(x: Tensor, scale: float | Tensor) -> Tensor:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.fp8 import FP8, FP8_MAX, MIN_SCALE
+from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE
 
 
 @dataclass(frozen=True)
@@ -119,14 +119,15 @@ def _w8a16_kernel(
 @triton.jit
 def _quantize_rows_kernel(
     X, Q, S, K, stride_xm, stride_qm, min_scale,
-    BLOCK_K: tl.constexpr, FP8_LIMIT: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP8_LIMIT: tl.constexpr, INVERSE_LIMIT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     ok = offs < K
     x = tl.load(X + row * stride_xm + offs, mask=ok, other=0.0).to(tl.float32)
-    # IEEE division (``/`` is approximate on a GPU): the scales and values torch computes.
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 0), min_scale), FP8_LIMIT)
+    # The scale as torch computes it (``INVERSE_FP8_MAX``); the values by IEEE division
+    # (``/`` is approximate on a GPU), as torch divides by a tensor.
+    scale = tl.maximum(tl.max(tl.abs(x), 0), min_scale) * INVERSE_LIMIT
     q = tl.clamp(tl.math.div_rn(x, scale), -FP8_LIMIT, FP8_LIMIT)
     tl.store(Q + row * stride_qm + offs, q.to(Q.dtype.element_ty), mask=ok)
     tl.store(S + row, scale)
@@ -172,6 +173,7 @@ def quantize_rows_triton(x: Tensor) -> tuple[Tensor, Tensor]:
         block_k = triton.next_power_of_2(k)
         _quantize_rows_kernel[(m,)](
             x, q, scale, k, x.stride(0), q.stride(0), MIN_SCALE,
-            BLOCK_K=block_k, FP8_LIMIT=FP8_MAX, num_warps=min(16, max(4, block_k // 1024)),
+            BLOCK_K=block_k, FP8_LIMIT=FP8_MAX, INVERSE_LIMIT=INVERSE_FP8_MAX,
+            num_warps=min(16, max(4, block_k // 1024)),
         )  # fmt: skip
     return q, scale

@@ -25,8 +25,8 @@ def _narrow(x, scale, FP8: tl.constexpr, DTYPE: tl.constexpr):
     """``x`` as the cache stores it (``Dst``'s dtype follows): FP8 rounded to the
     activations' ``DTYPE`` first (as the torch reference rotates in it), divided by its scale
     (IEEE division) and clamped (e4m3 has no infinity); any other dtype as it is."""
-    if FP8:
-        return tl.clamp(tl.math.div_rn(x.to(DTYPE).to(tl.float32), scale), -448.0, 448.0)
+    if FP8:  # one return: the compiler types every return, also past a constexpr branch
+        x = tl.clamp(tl.math.div_rn(x.to(DTYPE).to(tl.float32), scale), -448.0, 448.0)
     return x
 
 

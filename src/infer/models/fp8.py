@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from infer.kernels.dispatch import use_triton
-from infer.kernels.fp8 import FP8, FP8_MAX, MIN_SCALE, to_fp8
+from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE, to_fp8
 
 __all__ = [
     "FP8",
@@ -43,7 +43,7 @@ _SCALED_MM_ALIGN = 16
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """``(q, scale)``: ``x`` ``[..., K]`` in FP8, each row scaled so its largest magnitude
     maps to 448, and the float32 scales ``[...]`` (``x ≈ q * scale[..., None]``)."""
-    scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=MIN_SCALE) / FP8_MAX
+    scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=MIN_SCALE) * INVERSE_FP8_MAX
     return to_fp8(x, scale), scale.squeeze(-1)
 
 

@@ -8,13 +8,11 @@ point; the other tests drive ``paged_attention_triton`` with whole ragged batche
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.unit.kernels.h100_compile import assert_compiles_for_h100
 
 import infer.kernels.paged_attention as paged_attention_module
 from infer.attention.metadata import AttentionMetadata, ScheduledSequence, build_metadata
@@ -557,17 +555,7 @@ def test_several_query_decode_rows_read_an_fp8_cache(num_splits: int) -> None:
 
 
 _COMPILE = """
-import inspect
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from infer.kernels import paged_attention as kernels
-
-def compile_for_h100(kernel, types, constants):
-    names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
-    constexprs = {(names.index(n),): v for n, v in constants.items()}
-    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
 
 rows = {n: "*i32" for n in ("Tables", "SeqLens", "QueryStart", "RowOrder", "RowCounts")}
 floats = {"Out": "*bf16", "PartOut": "*fp32", "PartLse": "*fp32"}
@@ -591,8 +579,4 @@ def test_verify_rows_over_an_fp8_cache_compile_for_a_gpu() -> None:
     """The interpreter runs what Triton's compiler may reject: the decode and combine kernels
     with several queries a row over an e4m3 cache compile for an H100 (no GPU needed; in a
     process of its own, since the tests' kernels are the interpreter's)."""
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=environment, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert_compiles_for_h100(_COMPILE)

@@ -3,13 +3,11 @@ torch reference, and the reference against the host's n-gram lookup."""
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
+from tests.unit.kernels.h100_compile import assert_compiles_for_h100
 
 from infer.kernels.verify_inputs import (
     ProposalMode,
@@ -179,10 +177,6 @@ def test_accept_kernel_counts_what_the_reference_does() -> None:
 
 
 _COMPILE = """
-import inspect
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from infer.kernels import verify_inputs_triton as kernels
 
 pointers = {
@@ -197,10 +191,7 @@ cases = [
     (kernels._accept_kernel, {"Q": 5, "Q_POW2": 8}),
 ]
 for kernel, constants in cases:
-    names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: pointers.get(n, "constexpr") for n in names}
-    constexprs = {(names.index(n),): v for n, v in constants.items()}
-    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+    compile_for_h100(kernel, pointers, constants)
 """
 
 
@@ -208,8 +199,4 @@ def test_the_kernels_compile_for_a_gpu() -> None:
     """The interpreter runs what Triton's compiler rejects (a size that is not a constexpr):
     compile for an H100, which needs no GPU (in a process of its own: the tests' kernels
     are the interpreter's)."""
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=environment, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert_compiles_for_h100(_COMPILE)
