@@ -6,7 +6,7 @@
 #   burst256, single  default                                               (throughput)
 #   chunked_prefill   --prefill-chunk-size 256 / 512 / 1024 (default 384)  (the chunk sweep)
 # Default-setting runs update the scoreboard; the others write to a scratch scoreboard and
-# their JSON (results/<dir>/<label>-<workload>-infer.json) is what RESULTS.md quotes.
+# their JSON (results/<dir>/<label>-<workload>-infer.json) is what results-by-topic/ quotes.
 #
 # Usage: benchmarks/bench_step_graphs.sh [RESULTS_DIR]   (about 4 minutes on an H100)
 set -uo pipefail
@@ -27,7 +27,8 @@ run() { # label scoreboard flags...
 board=${INFER_SCOREBOARD:-benchmarks/results/scoreboard.json}
 run default "$board" --workload chunked_prefill,prefix_caching
 # In an engine of their own, as the headline suite runs them: after the other workloads, on
-# a machine's first run (cold Triton cache), burst256 lost 0.9 s to a stall (RESULTS.md).
+# a machine's first run (cold Triton cache), burst256 lost 0.9 s to a stall
+# (results-by-topic/05-step-loop.md, 5.5).
 run default-burst "$board" --workload burst256,single
 run unchunked "$scratch" --workload chunked_prefill --no-chunked-prefill
 run no-prefix-caching "$scratch" --workload prefix_caching --no-prefix-caching

@@ -108,7 +108,8 @@ def cpu_cost(
 def dashboard_open(url: str) -> Iterator[list[int]]:
     """A client reading ``/dashboard/stream`` as the page does, in a process of its own (as
     a browser is: a reader thread in the load generator took its event loop's time and
-    cost the burst 3-4 %, RESULTS 10.3); yields its frame count, known once it ends."""
+    cost the burst 3-4 %, ``results-by-topic/10-host-overheads.md``, 10.3); yields its frame
+    count, known once it ends."""
     reader = subprocess.Popen(
         [sys.executable, __file__, "--read-dashboard", url],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -1,7 +1,8 @@
 """How fast can long prompts be prefilled on this GPU, and how fast does the engine do it? (GPU)
 
-``prefill_ceiling.py``'s successor for long prompts (issue 48; RESULTS.md 14). Times, eagerly
-with CUDA events (every call here is >= ~1 ms of GPU work), in TFLOP/s:
+``prefill_ceiling.py``'s successor for long prompts (issue 48;
+``benchmarks/results-by-topic/14-long-context.md``). Times, eagerly with CUDA events (every
+call here is >= ~1 ms of GPU work), in TFLOP/s:
 
 * ``env``: torch / cuDNN versions, which private SDPA ops exist, torch's flash implementations.
 * ``full``: causal prefill of one 8k / 32k / 128k sequence, Llama-3.2-3B heads (24/8/128):

@@ -11,7 +11,8 @@ first burst after ready against the second, and what an open dashboard costs a b
    temperature 1.0, as ``vllm bench serve`` sends them to a server at its defaults; each
    burst on prompts of its own, sent by ``infer bench serve`` (no warm-up requests) in a
    process of its own. Then the dashboard: ``burst256`` (greedy, as
-   ``dashboard_overhead.py`` and RESULTS 10.3) with the stream closed and open (read by
+   ``dashboard_overhead.py`` and ``results-by-topic/10-host-overheads.md``, 10.3) with the
+   stream closed and open (read by
    another process, as a browser does) in ABBA order, ``--pairs`` pairs.
 2. Warm: the same server on the same ``INFER_CACHE_DIR``: start to ready, bursts 1 and 2.
 

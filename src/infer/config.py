@@ -254,8 +254,9 @@ def _gemma_layer_types(raw: dict[str, Any], layers: int) -> tuple[str, ...]:
     )
 
 
-# Tokens a step by default, and for a step with a long prompt's chunk (RESULTS.md, 14): a 16k
-# prompt then takes one step beside decode rows, as in vLLM's offline default.
+# Tokens a step by default, and for a step with a long prompt's chunk (benchmarks/
+# results-by-topic/14-long-context.md): a 16k prompt then takes one step beside decode rows,
+# as in vLLM's offline default.
 DEFAULT_STEP_TOKENS = 8192
 LONG_PREFILL_STEP_TOKENS = 16384
 

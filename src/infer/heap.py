@@ -38,8 +38,8 @@ def freeze_heap() -> None:
 
 class IdleCollections:
     """A serving process's full collections, held for moments when it is idle: even with
-    the start-up heap frozen, they stalled the engine loop mid-burst (RESULTS.md, "Launch
-    pacing, and full collections held for idle moments"). From its
+    the start-up heap frozen, they stalled the engine loop mid-burst
+    (``benchmarks/results-by-topic/05-step-loop.md``, 5.1). From its
     creation the process runs young collections only; ``collect_if_due`` runs a full one
     when the process is idle and the last was ``IDLE_COLLECTION_INTERVAL_S`` ago, or, under
     a load that never lets up, every ``BUSY_COLLECTION_INTERVAL_S`` (garbage in reference
@@ -103,8 +103,9 @@ def give_back_memory() -> None:
     only what came since: about a millisecond in an API process), then give the C
     allocator's free memory back to the system (glibc's ``malloc_trim``; elsewhere, not).
     The allocator keeps what it freed otherwise: after fifty 7 MB request bodies an API
-    process kept 0.4 GB (RESULTS.md 9.4). For a thread, once a burst of large requests has
-    ended: the trim holds the allocator's lock, not the GIL."""
+    process kept 0.4 GB (``benchmarks/results-by-topic/09-reliability.md``, 9.4). For a
+    thread, once a burst of large requests has ended: the trim holds the allocator's lock,
+    not the GIL."""
     gc.collect()
     libc = _glibc()
     if libc is not None:

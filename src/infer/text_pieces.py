@@ -1,8 +1,9 @@
 """Long texts cut where the tokenizer cuts them anyway, so that several cores encode one.
 
 A Rust tokenizer's ``encode_batch`` spreads texts over its threads, but one text runs on
-one core, a noticeable share of a long prompt's time to first token (RESULTS.md,
-"Intake"). Byte-level BPE tokenizers (GPT-2's, Llama 3's,
+one core, a noticeable share of a long prompt's time to first token
+(``benchmarks/results-by-topic/10-host-overheads.md``, 10.1). Byte-level BPE tokenizers
+(GPT-2's, Llama 3's,
 Qwen's, SmolLM2's) first split text into words by a regular expression and encode each word
 alone, and a space between two letters always starts a new word ("tail head" is "tail" and
 " head"). Cutting a text at such spaces and joining the pieces' ids is therefore exactly

@@ -212,7 +212,8 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(
         assert "shutting down" in events[-2]  # aborted after the grace period
         assert len(events) < LONG["max_tokens"]  # type: ignore[operator]
     assert server.wait(timeout=30) == 0
-    # Within the timeout (RESULTS.md 9.4); the margin is a loaded CI host's.
+    # Within the timeout (benchmarks/results-by-topic/09-reliability.md, 9.4); the margin is
+    # a loaded CI host's.
     assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT_S + 2.0
     log = "".join(server.log)
     assert "aborting 2 in-flight sequences" in log and "Application shutdown complete" in log

@@ -1,9 +1,10 @@
 """Long prompt chunks through torch's fused attention; the rest of the step stays on Triton.
 
 The Triton prefill kernel reaches about half the rate of cuDNN's attention on an H100
-(RESULTS.md 7.3 and 14), and a chunk of thousands of tokens spends most of its step in
-attention. Rows with at least ``LONG_ROW_TOKENS`` new tokens ("long rows") are taken out of
-the Triton kernels' row lists (a second ``row_order`` / ``row_counts``), and each runs here:
+(``benchmarks/results-by-topic/07-kernels.md``, 7.3, and ``14-long-context.md``), and a
+chunk of thousands of tokens spends most of its step in attention. Rows with at least
+``LONG_ROW_TOKENS`` new tokens ("long rows") are taken out of the Triton kernels' row lists
+(a second ``row_order`` / ``row_counts``), and each runs here:
 
 * its keys and values, cached prefix and its own, are gathered from the paged pool into
   contiguous ``[Hkv, L, D]`` tensors (``kernels.paged_gather``: one copy);
@@ -36,7 +37,8 @@ from infer.kernels.paged_gather import gather_kv
 if TYPE_CHECKING:
     from infer.attention.metadata import AttentionMetadata, HostBatch
 
-# Rows with this many new tokens or more take the fused path (RESULTS.md, 14).
+# Rows with this many new tokens or more take the fused path
+# (benchmarks/results-by-topic/14-long-context.md).
 LONG_ROW_TOKENS = 1024
 
 
@@ -150,7 +152,7 @@ def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale:
     num_kv_heads = k.shape[0]
     group = num_heads // num_kv_heads
     q_heads = q.transpose(0, 1)[None]  # [1, H, C, D], a view
-    if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (RESULTS.md, 14)
+    if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (14-long-context.md)
         own = F.scaled_dot_product_attention(
             q_heads, k[None], v[None], is_causal=True, scale=scale, enable_gqa=group > 1
         )

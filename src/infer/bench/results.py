@@ -2,7 +2,8 @@
 
 Every result records the GPU, git commit (``INFER_GIT_COMMIT`` overrides it where the
 checkout has no ``.git``), date and library versions next to its numbers, so each number in
-``benchmarks/RESULTS.md`` can be traced to the run and the code that produced it.
+``benchmarks/RESULTS.md`` and ``benchmarks/results-by-topic/`` can be traced to the run and
+the code that produced it.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="API processes sharing the HTTP work of the one engine: parsing, tokenizing, "
         "streaming (default: 1; on a 16-core H100 host more did not serve a 256-request "
-        "burst faster, see benchmarks/RESULTS.md)",
+        "burst faster, see benchmarks/results-by-topic/02-serving.md, 2.2)",
     )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     limits = parser.add_argument_group("request limits (each a 400 naming the field)")
@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
             os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
             code = _serve(args)
     # The server has shut down (its engine and workers have exited); tearing the
-    # interpreter down, torch and all, would only make a supervisor wait (RESULTS.md 9.4).
+    # interpreter down, torch and all, would only make a supervisor wait
+    # (benchmarks/results-by-topic/09-reliability.md, 9.4).
     _exit_now(code)
     return code  # not reached
 

@@ -43,13 +43,14 @@ from infer.models import DecoderModel
 
 # A mixed graph's grid splits keys as for this many decode rows, not for all its rows (mostly
 # prompt and padding rows): a few long-context decode rows beside a prompt chunk would
-# otherwise run one program per (row, KV head) over all their keys (RESULTS.md, 6.1). A step
-# with more decode rows splits each less (the kernel reads how many it holds).
+# otherwise run one program per (row, KV head) over all their keys (benchmarks/
+# results-by-topic/06-prefill-caching.md, 6.1). A step with more decode rows splits each less
+# (the kernel reads how many it holds).
 MIXED_SPLIT_ROWS = 8
 # A decode step whose longest context reaches LONG_DECODE_CONTEXT tokens replays a graph of
 # its size whose keys split as for LONG_DECODE_SPLIT_ROWS rows: split for all its rows, a
 # long row's keys would be walked by one program per KV head, ~0.4 ms a layer at 16k
-# (RESULTS.md, 14).
+# (benchmarks/results-by-topic/14-long-context.md).
 LONG_DECODE_CONTEXT = 4096
 LONG_DECODE_SPLIT_ROWS = 4
 

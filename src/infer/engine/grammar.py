@@ -3,9 +3,9 @@ into llguidance's grammar text and checked when ``StructuredOutputsParams`` is m
 API process for the server), with errors that name the field; and llguidance's view of the
 vocabulary those grammars compile against.
 
-llguidance was chosen by measurement (``benchmarks/bench_grammar.py``, RESULTS.md 4.6):
-it compiles and fills masks faster than xgrammar, and ships as one abi3 wheel with no
-dependencies.
+llguidance was chosen by measurement (``benchmarks/bench_grammar.py``,
+``benchmarks/results-by-topic/04-structured.md``, 4.6): it compiles and fills masks faster
+than xgrammar, and ships as one abi3 wheel with no dependencies.
 """
 
 from __future__ import annotations

@@ -495,7 +495,8 @@ class Scheduler:
         as the budget; for a sequence longer than ``long_prefill_threshold`` (whose small
         chunks would each read its growing context and leave its first token hundreds of
         steps away), as large as a long prompt's step budget, beside decode rows too
-        (RESULTS.md, 14). A threshold of 0 keeps every chunk at ``prefill_chunk_size``."""
+        (``benchmarks/results-by-topic/14-long-context.md``). A threshold of 0 keeps every
+        chunk at ``prefill_chunk_size``."""
         remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
@@ -511,7 +512,8 @@ class Scheduler:
             if room >= remaining:
                 return remaining
             # Whole multiples of LONG_CHUNK_ALIGN: cuDNN plans each attention shape on the
-            # host (~60 ms, RESULTS.md 14.3), and aligned chunks meet the shapes seen before.
+            # host (~60 ms, benchmarks/results-by-topic/14-long-context.md, 14.3), and
+            # aligned chunks meet the shapes seen before.
             return room - room % LONG_CHUNK_ALIGN if room >= LONG_CHUNK_ALIGN else room
         if threshold > 0 and decodes == 0:
             return min(remaining, room)

@@ -152,7 +152,8 @@ class VerifyCosts:
         return next((cost for rows, cost in self.by_rows.items() if rows >= batch_size), None)
 
 
-# Measured on an H100 at c9900b1 (RESULTS.md, speculative: the verify table before issue 51).
+# Measured on an H100 at c9900b1 (benchmarks/results-by-topic/15-speculative.md, 15.2: the
+# verify table's column before issue 51).
 HOST_PROPOSALS = 1.3
 _UNMEASURED = 1.05
 # Each request's gain is an average that weighs its latest observation by ``_RECENT``; a new

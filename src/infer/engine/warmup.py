@@ -1,8 +1,9 @@
 """Compiles the GPU kernels for each kind of step before the first request arrives.
 
 The sampling kernel's variants (with or without top-p, a grammar mask, for each logits
-dtype) are the longest compiles of the start-up (RESULTS.md, 10.4) and need nothing but
-the vocabulary, so they compile in threads of their own beside the model's loading
+dtype) are the longest compiles of the start-up (``benchmarks/results-by-topic/
+10-host-overheads.md``, 10.4) and need nothing but the vocabulary, so they compile in threads
+of their own beside the model's loading
 (``SamplerWarmUp``); the step kernels need the model and its pool (``warm_up_kernels``).
 """
 

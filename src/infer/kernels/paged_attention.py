@@ -22,8 +22,8 @@ The launches depend only on shapes and python ints and every loop bound is read 
 (``seq_lens``, ``query_start_loc``), so a step can be captured in a CUDA graph and replayed
 with new lengths. A graph's grid is sized for its bucket; the host lists the batch's rows by
 kind (``row_order``, ``row_counts``, ``token_rows``), so each program finds its row with a
-read or two, the real work is launched first, and spare programs exit at once (RESULTS.md,
-6.1).
+read or two, the real work is launched first, and spare programs exit at once
+(``benchmarks/results-by-topic/06-prefill-caching.md``, 6.1).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SplitScratch = Callable[[tuple[int, ...], tuple[int, int]], tuple[Tensor, Tensor
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
 _MIN_KEYS_PER_SPLIT = 256
-_MAX_SPLITS_MERGED_IN_KERNEL = 4  # more splits merge in their own kernel (RESULTS.md, 7.3)
+_MAX_SPLITS_MERGED_IN_KERNEL = 4  # more splits merge in their own kernel (07-kernels.md, 7.3)
 _MAX_DECODE_TILE_ROWS = 64  # (token, head) rows of a decode program verifying proposals
 SHORT_PREFILL_LEN = 1024  # batches with no longer sequence get the narrow prefill tile
 SMALL_STEP_TOKENS = 256  # steps with no more tokens split their prefill tiles' keys
@@ -78,14 +78,16 @@ def prefill_config(
 ) -> TileConfig:
     """Default prefill tile for a batch whose longest sequence has ``max_seq_len`` tokens.
 
-    Chosen like ``decode_config``, on an H100 for head_dim 128 (RESULTS.md 7.3): wide key
+    Chosen like ``decode_config``, on an H100 for head_dim 128 (``benchmarks/results-by-topic/
+    07-kernels.md``, 7.3): wide key
     steps pay off over long contexts, short ones finish sooner with narrow steps and fewer
     warps. Float32 (``element_size`` 4, the GPU tests' reference dtype) takes half the rows
     and one stage: 128 rows of 256-wide float32 heads overflow an H200's shared memory.
 
     A step of at most ``SMALL_STEP_TOKENS`` tokens (a cached prefix's new tokens beside decode
     rows) gets 64-row tiles, its keys split (``num_prefill_splits``): faster up to that bound,
-    not past it (``bench_kernels.py --mixed``, RESULTS.md 6.2).
+    not past it (``bench_kernels.py --mixed``, ``benchmarks/results-by-topic/
+    06-prefill-caching.md``, 6.2).
     """
     if element_size > 2:
         return TileConfig(64, 32, 4, 1)
@@ -466,8 +468,9 @@ def num_kv_splits(num_seqs: int, num_kv_heads: int, kv_len: int, device: torch.d
     """How many pieces each decode row's keys are cut into (flash-decoding).
 
     Aims at about two programs per SM when sequences x KV heads alone would leave SMs idle,
-    keeping at least 256 keys a piece (RESULTS.md, 7.3). ``kv_len`` is an upper bound (a
-    captured graph passes the model's maximum; pieces past a sequence's end exit at once).
+    keeping at least 256 keys a piece (``benchmarks/results-by-topic/07-kernels.md``, 7.3).
+    ``kv_len`` is an upper bound (a captured graph passes the model's maximum; pieces past a
+    sequence's end exit at once).
     CPU (interpreter): 1.
     """
     if device.type != "cuda":
@@ -494,7 +497,8 @@ def num_prefill_splits(
 
     A few new tokens over a long context (a cached prefix) make a handful of tiles, each
     stepping through every key alone. Steps of at most ``SMALL_STEP_TOKENS`` tokens split
-    them to about 1.5 programs per SM (measured best from 16 to 256 tokens, RESULTS.md 6.2),
+    them to about 1.5 programs per SM (measured best from 16 to 256 tokens,
+    ``benchmarks/results-by-topic/06-prefill-caching.md``, 6.2),
     at least 256 keys a piece by ``kv_len``; ``num_tokens`` and ``kv_len`` are upper bounds
     (a graph bucket's), pieces past a tile's keys do nothing. Larger steps have tiles enough
     (splitting them was slower). CPU (interpreter): 1.

@@ -34,7 +34,7 @@ __all__ = [
     "w8a16_reference",
 ]
 # Steps of at most this many rows read FP8 weights in the W8A16 kernel, larger ones go
-# through ``_scaled_mm`` (measured switch point: RESULTS.md 11.2).
+# through ``_scaled_mm`` (measured switch point: benchmarks/results-by-topic/11-fp8.md, 11.2).
 W8A16_MAX_ROWS = 16
 # ``_scaled_mm`` takes K and N that are multiples of 16 (M is free).
 _SCALED_MM_ALIGN = 16

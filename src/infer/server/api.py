@@ -133,8 +133,9 @@ def create_app(
         app.state.chat = ChatServing(*serving, chat)
         app.state.tokenize = TokenizeServing(app.state.chat)
         app.state.responses = ResponsesServing(*serving, chat)
-        # Full collections over the start-up heap stall a busy event loop (RESULTS.md, "Host
-        # and CPU overheads"); with it frozen, those that remain wait for an idle moment.
+        # Full collections over the start-up heap stall a busy event loop; with it frozen,
+        # those that remain wait for an idle moment (benchmarks/results-by-topic/
+        # 02-serving.md, 2.12; 05-step-loop.md, 5.1).
         freeze_heap()
         with IdleCollections() as collections:
             engine.collections = collections

@@ -3,7 +3,8 @@
 One event loop parses, validates and streams every request in turn, so where its host is
 slow or its requests heavy, it can fall behind the engine. (On a 16-core H100 host it kept
 up with vLLM's client sending 256 requests at once: four processes served that burst no
-faster, see ``benchmarks/RESULTS.md``, so ``infer serve`` starts one unless told.)
+faster, see ``benchmarks/results-by-topic/02-serving.md``, 2.2, so ``infer serve`` starts
+one unless told.)
 
 API workers are whole API processes (the same app, its own tokenizer thread), each
 accepting on the one listening socket that the first process (the one that started the

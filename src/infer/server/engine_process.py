@@ -148,7 +148,8 @@ def run_engine(
 
     The process ends as soon as this returns, once its events are sent and the engine is
     closed (its tensor-parallel workers stopped): tearing down an interpreter with torch
-    and a model loaded made every shutdown seconds longer (RESULTS.md 9.4)."""
+    and a model loaded made every shutdown seconds longer
+    (``benchmarks/results-by-topic/09-reliability.md``, 9.4)."""
     code = 1  # an exception escaped (its traceback is printed)
     try:
         _run_engine(config, links, engine_factory)

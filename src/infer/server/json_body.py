@@ -3,8 +3,9 @@
 ``json.loads`` runs in C and holds the GIL throughout: a 1.2 MB body of 100,000
 ``logit_bias`` entries (or 3.5 MB of 100,000 messages) took 50 ms of CPU on the loop, 0.1-0.2 s
 of wall time on a loaded 2-core host, and every other request (``/health`` included) waited
-for it (RESULTS.md 9.3). What a body costs to parse is the number of values in it, which is
-the sender's choice, so a body larger than ``INLINE_BYTES`` (at most ~40,000 values, a few
+for it (``benchmarks/results-by-topic/09-reliability.md``, 9.3). What a body costs to parse
+is the number of values in it, which is the sender's choice, so a body larger than
+``INLINE_BYTES`` (at most ~40,000 values, a few
 milliseconds) is parsed in a thread by ``json``'s own Python scanner, strings still decoded in
 C: the scanner runs bytecode, so the thread gives the GIL back every switch interval (5 ms)
 and the loop keeps serving. It costs that body several times the CPU of ``json.loads``, in

@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 # uvicorn cancels what is still open this long after our own abort (a safety net).
 _UVICORN_GRACE_S = 5.0
 # Of the shutdown timeout, what stopping the engine process and exiting are left (at most
-# half of it): RESULTS.md 9.4.
+# half of it): benchmarks/results-by-topic/09-reliability.md, 9.4.
 _STOP_RESERVE_S = 1.0
 DEFAULT_KEEP_ALIVE_S = 30
 DEFAULT_HEADER_TIMEOUT_S = 5.0

@@ -7,7 +7,8 @@ that queue, one finish (``1 / rate``) after the slot booked before it, and no so
 the excess over capacity takes to finish; ``Retry-After`` is the time until the caller's
 slot. (Telling every caller only its own excess, as before, sent 120 clients of a server
 with room for 12 back after 1-10 s: they came back together, most were refused again, and
-the median one finished after 330 s and 48 retries; see ``benchmarks/RESULTS.md``.)
+the median one finished after 330 s and 48 retries; see
+``benchmarks/results-by-topic/09-reliability.md``, 9.1.)
 """
 
 from __future__ import annotations
