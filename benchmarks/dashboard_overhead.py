@@ -37,9 +37,9 @@ from infer.bench.http_client import run_serving
 from infer.bench.metrics import summarize
 from infer.cache import PagedKVCachePool
 from infer.config import EngineConfig, ModelConfig
+from infer.contract.sampling_params import SamplingParams
 from infer.dashboard.frame import frame
 from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, StepResult
 from infer.engine.watch import EngineWatch
 from infer.loader import resolve_model

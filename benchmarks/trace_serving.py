@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.contract.messages import EngineInfo
 from infer.server.engine_process import ServedEngine, load_engine
-from infer.server.messages import EngineInfo
 from serve_overhead_cpu import Timing, _free_port, _request, _wait_healthy
 from step_trace import trace_engine
 

@@ -19,8 +19,8 @@ from tests.conftest import chi_square_critical
 from tests.integration.conftest import metric
 
 from infer import LLM, SamplingParams
+from infer.contract.sampling_params import StructuredOutputsParams
 from infer.engine.request import Request
-from infer.engine.sampling_params import StructuredOutputsParams
 from infer.engine.speculation import SpeculationGate
 from infer.server import build_server, serve_in_thread
 

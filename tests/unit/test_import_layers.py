@@ -15,7 +15,7 @@ PACKAGE = Path(infer.__file__).parent
 # Lowest first; one set per layer.
 LAYERS: list[set[str]] = [
     {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads", "routing"},
-    {"tokenizer"},
+    {"tokenizer", "contract"},
     {"kernels"},
     {"attention"},
     {"distributed"},
@@ -80,3 +80,9 @@ def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -
 def test_the_routing_policy_loads_neither_torch_nor_the_http_stack() -> None:
     code = "from infer.routing import CacheAwarePolicy; CacheAwarePolicy().add_worker('a')"
     assert _loaded(code, {"torch", "fastapi", "httpx"}) == []
+
+
+def test_the_contract_loads_neither_torch_transformers_llguidance_nor_numpy() -> None:
+    modules = sorted(path.stem for path in (PACKAGE / "contract").glob("*.py"))
+    code = "; ".join(f"import infer.contract.{name}" for name in modules)
+    assert _loaded(code, {"torch", "transformers", "llguidance", "numpy"}) == []

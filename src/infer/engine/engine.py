@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING
 
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig, ModelConfig
+from infer.contract.engine_view import EngineView
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.prompts import Prompt, PromptEncoder
+from infer.contract.sampling_params import SamplingParams
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.draft_proposer import DraftModelProposer
 from infer.engine.grammar_cache import StructuredOutputs
@@ -22,17 +26,15 @@ from infer.engine.memory import kv_bytes_per_token
 from infer.engine.output import request_output
 from infer.engine.pacing import LaunchPacer
 from infer.engine.pipeline import Pipeline
-from infer.engine.prompts import Prompt, PromptEncoder
 from infer.engine.rank import build_rank
 from infer.engine.rehearsal import WARM_UP, RehearsedPart, emptied, rehearse
-from infer.engine.request import Request, RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
+from infer.engine.request import Request
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 from infer.engine.speculation import NgramProposer, Proposer, VerifyCosts
 from infer.engine.start_up_log import start_up_part
 from infer.engine.verify_step import MAX_VERIFY_TOKENS
 from infer.engine.wakeup import Wakeup
-from infer.engine.watch import EngineView, EngineWatch, mean_itl
+from infer.engine.watch import EngineWatch, mean_itl
 from infer.kernels.jit_cache import use_kernel_cache
 from infer.kernels.jit_log import JIT_LOG
 from infer.loader import ModelSource, resolve_model

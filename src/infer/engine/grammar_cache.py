@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from llguidance import LLMatcher, LLTokenizer
 
-from infer.engine.grammar import COMPILE_STACK_BYTES, GRAMMAR_FIELD, ll_tokenizer, one_line
+from infer.contract.constraints import COMPILE_STACK_BYTES, GRAMMAR_FIELD, one_line
+from infer.engine.grammar import ll_tokenizer
 from infer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from infer.engine.request import Request, RequestOutput, TokenLogprob
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.engine.request import Request
 
 
 def record_token(request: Request, token_id: int, now: float, max_seq_len: int) -> str:

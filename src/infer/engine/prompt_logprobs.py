@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from infer.engine.request import Request, TokenLogprob
+from infer.contract.outputs import TokenLogprob
+from infer.engine.request import Request
 from infer.engine.scheduler import SchedulerOutput
 
 # Rows projected at once: bounds the [rows, vocab] float32 logits of a long prompt (512 rows

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from infer.cache.paged import PagedKVCachePool
 from infer.cache.protocol import CachePoolProtocol
 from infer.cache.slotted import SlottedKVCache
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.loop import drain
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.start_up_log import StartUpPart, start_up_part
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""A request's life inside the engine, and what the engine reports about it."""
+"""A request's life inside the engine (what the engine reports about it is
+``contract/outputs.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infer.engine.sampling_params import SamplingParams
+from infer.contract.outputs import TokenLogprob
+from infer.contract.sampling_params import SamplingParams
 from infer.tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
@@ -18,16 +20,6 @@ class RequestState(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
     RUNNING = "running"  # holds cache; prefilling (possibly chunk by chunk) or decoding
     FINISHED = "finished"  # stopped, hit its length, was aborted, or failed
-
-
-@dataclass
-class TokenLogprob:
-    """Log-probability of a generated token and of the most likely alternatives."""
-
-    token_id: int
-    logprob: float
-    top: dict[int, float] = field(default_factory=dict)
-    rank: int | None = None  # the token's place in the vocabulary by logprob (prompt tokens)
 
 
 @dataclass
@@ -113,24 +105,3 @@ class Request:
         self.state = RequestState.FINISHED
         self.finish_reason = reason
         self.error = error
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """A request's progress after a step: the new tokens and text; the totals (``token_ids``,
-    ``text``, ``logprobs``, timings) once it has finished."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    new_token_ids: list[int]
-    new_text: str
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None = None
-    error: str | None = None
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # all of them, when finished
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked for and finished
-    ttft_s: float | None = None  # arrival → first token
-    token_times_s: list[float] = field(default_factory=list)  # arrival → each token

@@ -26,12 +26,13 @@ from torch import Tensor
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.kv_tensors import KVTensors
 from infer.cache.protocol import CachePoolProtocol
+from infer.contract.outputs import TokenLogprob
 from infer.distributed.group import SINGLE, ParallelGroup
 from infer.engine import prompt_logprobs
 from infer.engine.bitmask import Bitmask
 from infer.engine.cuda_graphs import CUDAGraphRunner
 from infer.engine.prompt_logprobs import PromptScores, ScoredRows
-from infer.engine.request import Request, TokenLogprob
+from infer.engine.request import Request
 from infer.engine.sampler import SamplerOutput, SamplingBatch, greedy, sample
 from infer.engine.scheduler import SchedulerOutput, StepResult
 from infer.engine.token_history import TokenHistory

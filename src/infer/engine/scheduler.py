@@ -45,15 +45,17 @@ from dataclasses import dataclass, field
 
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
-from infer.engine.grammar import GRAMMAR_FIELD
+from infer.contract.constraints import GRAMMAR_FIELD
+from infer.contract.errors import QueueFullError
+from infer.contract.outputs import TokenLogprob
+from infer.contract.speculation_stats import SpeculationStats
 from infer.engine.output import record_token
-from infer.engine.request import Request, RequestState, TokenLogprob
+from infer.engine.request import Request, RequestState
 from infer.engine.speculation import (
     HOST_PROPOSALS,
     NgramProposer,
     Proposer,
     SpeculationGate,
-    SpeculationStats,
     VerifyCosts,
     accepted_length,
 )
@@ -62,10 +64,6 @@ from infer.engine.speculation import (
 MAX_FAILED_STEPS = 3
 # A long prompt's chunks short of its end are whole multiples of this many tokens.
 LONG_CHUNK_ALIGN = 1024
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at ``max_waiting_requests``; the caller should retry later."""
 
 
 @dataclass

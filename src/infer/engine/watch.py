@@ -13,49 +13,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from infer.cache.block_map import BlockMap
+from infer.contract.engine_view import EngineView, RequestRow, StepRecord
 from infer.engine.request import Request
 from infer.engine.scheduler import Scheduler, SchedulerOutput
 
 ARMED_S = 2.0  # a dashboard asks several times a second; this outlasts a slow network
 MAX_RECORDS = 4096  # per kind, between two views (a view every ~200 ms needs far fewer)
 MAX_WAITING_ROWS = 64  # the queue's head; its length is sent whole
-
-# (request_id, state, prompt tokens, prompt tokens found cached, computed tokens, output
-#  tokens, blocks held, preemptions, max_tokens): one row per request, small to pickle.
-RequestRow = tuple[str, str, int, int, int, int, int, int, int | None]
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One ``Engine.step`` call that launched work: ``duration_s`` is its wall time (with
-    async scheduling, the step period), ``graphed`` whether a CUDA graph ran it (None
-    where nothing runs: the simulator)."""
-
-    time_s: float  # when it ended
-    duration_s: float
-    prefill_tokens: int
-    decode_tokens: int
-    rows: int
-    graphed: bool | None
-
-
-@dataclass(frozen=True)
-class EngineView:
-    """A picture of the engine and what happened since the previous one. Block owners are
-    indices into ``requests``, whose running rows come first."""
-
-    time_s: float
-    backend: str
-    blocks: BlockMap
-    requests: list[RequestRow]
-    num_waiting: int
-    chunk_size: int | None  # of chunked prefill; None: prompts run whole
-    steps: list[StepRecord]
-    latencies: list[tuple[float, float, float | None]]  # (time, TTFT, mean ITL) in seconds
-    preempted: list[tuple[float, str]]  # (time, request id)
 
 
 class EngineWatch:

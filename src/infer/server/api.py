@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from infer import __version__
 from infer.config import EngineConfig
+from infer.contract.pipes import EngineLink
 from infer.heap import IdleCollections, freeze_heap
 from infer.server.allowed_hosts import ANY_HOST, AllowedHosts
 from infer.server.api_workers import ApiWorkers
@@ -26,7 +27,6 @@ from infer.server.concurrency import ConcurrencyLimit
 from infer.server.dashboard import install_dashboard
 from infer.server.docs import install_docs
 from infer.server.engine_client import EngineClient, EngineStoppedError
-from infer.server.engine_pipes import EngineLink
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.errors import APIError, install_error_handlers
 from infer.server.grammar_check import GrammarChecker

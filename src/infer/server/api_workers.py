@@ -8,7 +8,7 @@ faster, see ``benchmarks/RESULTS.md``, so ``infer serve`` starts one unless told
 API workers are whole API processes (the same app, its own tokenizer thread), each
 accepting on the one listening socket that the first process (the one that started the
 engine) bound and handed over: the port is the server's alone (``launch._bind``). Each
-worker talks to the engine over pipes of its own (``engine_pipes.py``); the counts of
+worker talks to the engine over pipes of its own (``contract/pipes.py``); the counts of
 unfinished sequences and of requests are shared (``in_flight.py``), so the server's
 capacity and ``--limit-concurrency`` stay one bound each.
 
@@ -30,9 +30,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from infer.config import EngineConfig
+from infer.contract.pipes import PipeEnds
 from infer.server.chat import ChatOptions
 from infer.server.connections import ConnectionLimits
-from infer.server.engine_pipes import PipeEnds
 from infer.server.engine_process import EngineFactory
 from infer.server.in_flight import InFlight
 from infer.server.request_limits import RequestLimits

@@ -9,8 +9,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.engine_client import ChoiceUpdate, EngineClient
 from infer.server.logprobs import LogprobFormatter
 from infer.server.metrics import ServerMetrics

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.echo import PromptEcho
 from infer.server.engine_client import ChoiceUpdate
 from infer.server.prompt_batcher import OnEncoded, PromptOptions

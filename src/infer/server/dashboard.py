@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
 
+from infer.contract.engine_view import EngineView
 from infer.dashboard.frame import frame
 from infer.dashboard.page import render_page
-from infer.engine.watch import EngineView
 from infer.server.engine_client import EngineClient
 from infer.server.sse import dumps
 

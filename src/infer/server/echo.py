@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infer.engine.request import RequestOutput
+from infer.contract.outputs import RequestOutput
 from infer.server.logprobs import LogprobFormatter
 from infer.server.protocol import CompletionLogprobs, CompletionRequest, PromptLogprob
 from infer.tokenizer import Tokenizer

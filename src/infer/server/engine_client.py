@@ -29,15 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from infer.config import EngineConfig
-from infer.engine.prompts import Prompt, PromptEncoder
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError
-from infer.heap import IdleCollections
-from infer.server.engine_pipes import EngineLink, single_link
-from infer.server.engine_process import EngineFactory, load_engine, run_engine
-from infer.server.in_flight import InFlight
-from infer.server.messages import (
+from infer.contract.errors import QueueFullError
+from infer.contract.messages import (
     Abort,
     AddRequests,
     Call,
@@ -52,6 +45,13 @@ from infer.server.messages import (
     StepEvents,
     Stop,
 )
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.pipes import EngineLink, single_link
+from infer.contract.prompts import Prompt, PromptEncoder
+from infer.contract.sampling_params import SamplingParams
+from infer.heap import IdleCollections
+from infer.server.engine_process import EngineFactory, load_engine, run_engine
+from infer.server.in_flight import InFlight
 from infer.server.prompt_batcher import CHAT, PLAIN, OnEncoded, PromptBatcher, PromptOptions
 from infer.tokenizer import Message, Tokenizer
 

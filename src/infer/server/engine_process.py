@@ -4,7 +4,7 @@ The server's event loop and the engine's per-step Python work would fight over o
 they shared a process (at thousands of tokens per second, streaming each token costs the
 event loop about as much host time as the step itself), so the engine runs here and talks
 to each API process (one, or several: ``api_workers.py``) over a pair of pipes of its own
-(``engine_pipes.py``), with the typed messages of ``messages.py``:
+(``contract/pipes.py``), with the typed messages of ``contract/messages.py``:
 
 - commands in: ``AddRequests`` and ``Abort`` (each for all the requests the API process
   queued since its last message), ``Call`` (an engine method, e.g. ``cache_stats``), ``Stop``;
@@ -38,16 +38,7 @@ from multiprocessing.connection import wait as connection_wait
 from typing import Any, Protocol
 
 from infer.config import EngineConfig
-from infer.engine.engine import Engine
-from infer.engine.loop import SteppedEngine, drain, drive
-from infer.engine.prompts import Prompt
-from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.speculation import SpeculationStats
-from infer.engine.wakeup import STALL_CHECK_S, Wakeup
-from infer.heap import IdleCollections, freeze_heap
-from infer.server.engine_pipes import PipeEnds
-from infer.server.messages import (
+from infer.contract.messages import (
     Abort,
     AddRequests,
     Call,
@@ -63,6 +54,15 @@ from infer.server.messages import (
     StepEvents,
     Stop,
 )
+from infer.contract.outputs import RequestOutput
+from infer.contract.pipes import PipeEnds
+from infer.contract.prompts import Prompt
+from infer.contract.sampling_params import SamplingParams
+from infer.contract.speculation_stats import SpeculationStats
+from infer.engine.engine import Engine
+from infer.engine.loop import SteppedEngine, drain, drive
+from infer.engine.wakeup import STALL_CHECK_S, Wakeup
+from infer.heap import IdleCollections, freeze_heap
 
 logger = logging.getLogger(__name__)
 

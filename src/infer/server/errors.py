@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from infer.engine.prompts import ContextLengthError
+from infer.contract.errors import ContextLengthError
 from infer.server.protocol import ErrorInfo, ErrorResponse, unsupported_reason
 
 logger = logging.getLogger(__name__)

@@ -43,13 +43,13 @@ from pathlib import Path
 import uvicorn
 
 from infer.config import EngineConfig
+from infer.contract.pipes import EngineLink, engine_pipes
 from infer.server.allowed_hosts import default_allowed_hosts, is_loopback
 from infer.server.api import create_app
 from infer.server.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.chat import DEFAULT_CHAT_OPTIONS, ChatOptions
 from infer.server.connections import ConnectionLimits, ServerConfig
 from infer.server.engine_client import EngineClient
-from infer.server.engine_pipes import EngineLink, engine_pipes
 from infer.server.engine_process import EngineFactory, load_engine
 from infer.server.in_flight import InFlight
 from infer.server.metrics import MULTIPROCESS_DIR, shared_between_processes

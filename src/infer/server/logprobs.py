@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 
-from infer.engine.request import TokenLogprob
+from infer.contract.outputs import TokenLogprob
 from infer.server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,

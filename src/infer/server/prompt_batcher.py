@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infer.engine.prompts import Prompt, PromptEncoder
+from infer.contract.prompts import Prompt, PromptEncoder
 from infer.tokenizer import DEFAULT_TEMPLATE_ARGS, ChatTemplateArgs, Message, Tokenizer
 
 # Runs on a request's token ids (one list per prompt) where they were encoded; what it

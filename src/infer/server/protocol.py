@@ -32,12 +32,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from infer.engine.grammar import GrammarError
-from infer.engine.sampling_params import (
-    MAX_LOGIT_BIAS,
-    SamplingParams,
-    StructuredOutputsParams,
-)
+from infer.contract.errors import GrammarError
+from infer.contract.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams
 from infer.engine.strict_schema import strict_schema
 from infer.server.request_limits import applied_limits
 from infer.tokenizer import ChatTemplateArgs

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.sampling_params import StructuredOutputsParams
 from infer.server.tool_calls import partial_tag
 
 THINK_START = "<think>"

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
-from infer.engine.request import RequestOutput
+from infer.contract.outputs import RequestOutput
 from infer.server.chat import ChatServing
 from infer.server.engine_client import ChoiceUpdate
 from infer.server.errors import APIError

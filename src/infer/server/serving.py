@@ -20,11 +20,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from infer.engine.grammar import GRAMMAR_FIELD
-from infer.engine.prompts import ContextLengthError
-from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.scheduler import QueueFullError
+from infer.contract.constraints import GRAMMAR_FIELD
+from infer.contract.errors import ContextLengthError, QueueFullError
+from infer.contract.outputs import RequestOutput
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.echo import PromptEcho
 from infer.server.engine_client import (
     ENGINE_FAILED,

@@ -13,14 +13,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from infer.config import EngineConfig, ModelConfig
-from infer.engine.prompts import Prompt
-from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.speculation import SpeculationStats
+from infer.contract.messages import EngineInfo
+from infer.contract.outputs import RequestOutput
+from infer.contract.prompts import Prompt
+from infer.contract.sampling_params import SamplingParams
+from infer.contract.speculation_stats import SpeculationStats
 from infer.engine.wakeup import Wakeup
 from infer.loader import resolve_model
 from infer.server.engine_process import ServedEngine
-from infer.server.messages import EngineInfo
 
 TOKEN_TEXT = " tok"  # the text of every generated token
 DEFAULT_STEP_S = 0.01  # about an H100's decode step for 256 sequences of a 3B model

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from infer.contract.sampling_params import SamplingParams
 from infer.engine import prompt_logprobs
 from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import ScheduledChunk, SchedulerOutput
 
 

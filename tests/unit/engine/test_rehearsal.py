@@ -12,12 +12,12 @@ import pytest
 from infer.cache.paged import PagedKVCachePool
 from infer.cache.slotted import SlottedKVCache
 from infer.config import EngineConfig
+from infer.contract.sampling_params import SamplingParams
 from infer.engine import rehearsal
 from infer.engine.engine import Engine
 from infer.engine.loop import drain
 from infer.engine.rehearsal import PARTS, WAVE, _waves, emptied
 from infer.engine.runner import ModelRunner
-from infer.engine.sampling_params import SamplingParams
 
 OPTIONS = {"device": "cpu", "max_batch_size": 4, "max_seq_len": 128, "prefill_chunk_size": 16}
 

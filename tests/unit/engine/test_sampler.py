@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from infer.contract.sampling_params import SamplingParams
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, sample
-from infer.engine.sampling_params import SamplingParams
 from infer.kernels.sampling import sample_filtered_torch
 from infer.kernels.sampling_triton import sample_filtered_triton
 

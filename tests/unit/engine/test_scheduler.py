@@ -6,9 +6,10 @@ import pytest
 
 from infer.cache import PagedKVCachePool, SlottedKVCache, paged
 from infer.config import EngineConfig
+from infer.contract.errors import QueueFullError
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.request import Request, RequestState
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from infer.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput, StepResult
+from infer.engine.scheduler import Scheduler, SchedulerOutput, StepResult
 from infer.engine.speculation import NgramProposer, VerifyCosts
 
 

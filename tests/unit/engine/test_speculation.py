@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from infer.contract.sampling_params import SamplingParams
+from infer.contract.speculation_stats import SpeculationStats
 from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.speculation import (
-    NgramProposer,
-    SpeculationGate,
-    SpeculationStats,
-    VerifyCosts,
-    accepted_length,
-)
+from infer.engine.speculation import NgramProposer, SpeculationGate, VerifyCosts, accepted_length
 from infer.speculative_config import SpeculativeConfig
 
 

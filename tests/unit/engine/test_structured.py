@@ -15,8 +15,10 @@ import llguidance.hf
 import pytest
 import torch
 
+from infer.contract.constraints import grammar_for
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.bitmask import start_bitmask
-from infer.engine.grammar import grammar_for, language_error, ll_tokenizer
+from infer.engine.grammar import language_error, ll_tokenizer
 from infer.engine.grammar_cache import (
     LEXERS_PER_THREAD,
     MAX_GRAMMARS_WITH_LEXERS,
@@ -25,7 +27,6 @@ from infer.engine.grammar_cache import (
 )
 from infer.engine.request import Request
 from infer.engine.sampler import SamplingBatch, greedy, sample
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.scheduler import next_admissible
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer

@@ -6,8 +6,8 @@ import numpy as np
 
 from infer.cache import PagedKVCachePool
 from infer.config import EngineConfig
+from infer.contract.sampling_params import SamplingParams
 from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import Scheduler, StepResult
 from infer.engine.watch import EngineWatch, mean_itl
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from infer.config import EngineConfig
+from infer.contract.sampling_params import SamplingParams
 from infer.engine.engine import Engine
-from infer.engine.sampling_params import SamplingParams
 from infer.engine.scheduler import SchedulerOutput
 from infer.kvsim.footprint import footprint_of_config, load_footprint
 from infer.kvsim.simulator import Arrivals, simulate

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import pytest
 
 from infer import EngineConfig, SamplingParams
-from infer.engine.prompts import PromptEncoder
-from infer.engine.request import RequestOutput
-from infer.engine.scheduler import QueueFullError
+from infer.contract.errors import QueueFullError
+from infer.contract.outputs import RequestOutput
+from infer.contract.prompts import PromptEncoder
 from infer.server.engine_client import (
     EngineClient,
     EngineStoppedError,

@@ -14,11 +14,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from infer import EngineConfig, SamplingParams
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.heap import IdleCollections
-from infer.server.engine_pipes import PipeEnds, engine_pipes
-from infer.server.engine_process import _ApiLink, _EngineLoop, run_engine
-from infer.server.messages import (
+from infer.contract.messages import (
     Abort,
     AddRequests,
     Call,
@@ -31,6 +27,10 @@ from infer.server.messages import (
     StepEvents,
     Stop,
 )
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.pipes import PipeEnds, engine_pipes
+from infer.heap import IdleCollections
+from infer.server.engine_process import _ApiLink, _EngineLoop, run_engine
 from infer.server.standin import TOKEN_TEXT, standin_engine
 
 PARAMS = SamplingParams(max_tokens=4)

@@ -87,7 +87,7 @@ def test_the_engines_counters_come_from_its_latest_snapshot() -> None:
 
 def test_speculation_counters_match_vllms_spec_decode_metrics() -> None:
     """Proposals, acceptances, the rate and acceptance by position among a row's proposals."""
-    from infer.engine.speculation import SpeculationStats
+    from infer.contract.speculation_stats import SpeculationStats
 
     stats = SpeculationStats()
     stats.record(4, 3)

@@ -15,7 +15,8 @@ import pytest
 from jinja2 import TemplateError
 from tests.conftest import MIXED_SCRIPT_TEXTS
 
-from infer.engine.prompts import ContextLengthError, PromptEncoder
+from infer.contract.errors import ContextLengthError
+from infer.contract.prompts import PromptEncoder
 from infer.loader.presets import embedded_model_path
 from infer.server.prompt_batcher import MAX_BATCH, PromptBatcher, PromptOptions
 from infer.tokenizer import DEFAULT_TEMPLATE_ARGS, ChatTemplateArgs, Message, Tokenizer

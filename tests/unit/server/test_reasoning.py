@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.sampling_params import StructuredOutputsParams
 from infer.server.reasoning import PARSERS, Reasoning, reasoning_parser
 
 QWEN3 = PARSERS["qwen3"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.speculation import SpeculationStats
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.sampling_params import SamplingParams
+from infer.contract.speculation_stats import SpeculationStats
 
 # What a running sequence produced in one step: (request_id, new token ids, new text,
 # new logprobs). A tuple, not an object: it is built and pickled per request per step.

@@ -10,14 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from infer.contract.errors import ContextLengthError
 from infer.tokenizer import Message, Tokenizer
 
 Prompt = str | Sequence[int]
-
-
-class ContextLengthError(ValueError):
-    """A prompt that does not fit the model's context (with the tokens asked of it): the
-    server's 400 says ``context_length_exceeded``, as OpenAI's does."""
 
 
 class PromptEncoder:

@@ -45,7 +45,7 @@ class StructuredOutputsParams:
             )
         ((kind, value),) = given.items()
         # llguidance is loaded by the first constraint, not by importing ``SamplingParams``.
-        from infer.engine.grammar import grammar_for
+        from infer.contract.constraints import grammar_for
 
         compiled = grammar_for(kind, value)
         if self.preamble is not None:
