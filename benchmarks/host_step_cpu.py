@@ -39,12 +39,12 @@ from infer.attention.metadata import host_batch
 from infer.bench.checkpoint import write_checkpoint
 from infer.contract.pipes import PipeEnds
 from infer.contract.sampling_params import StructuredOutputsParams
-from infer.engine import runner as runner_module
-from infer.engine.bitmask import Bitmask
-from infer.engine.engine import Engine
-from infer.engine.prompt_logprobs import PromptScores
-from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
-from infer.engine.sampler import SamplerOutput
+from infer.engine.core import runner as runner_module
+from infer.engine.core.engine import Engine
+from infer.engine.core.prompt_logprobs import PromptScores
+from infer.engine.core.runner import ForwardedStep, LaunchedStep, StepInputs
+from infer.engine.core.sampler import SamplerOutput
+from infer.engine.structured.bitmask import Bitmask
 from infer.heap import IdleCollections, frozen_heap
 from infer.server.engine_process import _ApiLink, _EngineLoop
 

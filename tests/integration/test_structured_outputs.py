@@ -14,7 +14,7 @@ import pytest
 
 from infer import LLM, SamplingParams
 from infer.contract.sampling_params import StructuredOutputsParams
-from infer.engine.grammar_cache import CompiledGrammar
+from infer.engine.structured.grammar_cache import CompiledGrammar
 
 CASES = json.loads((Path(__file__).parents[1] / "unit" / "data" / "json_schemas.json").read_text())
 

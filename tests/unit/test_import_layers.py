@@ -32,7 +32,7 @@ LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 
 
 def _part(module: str) -> str:
-    """``infer.engine.runner`` → ``engine``."""
+    """``infer.engine.core.runner`` → ``engine``."""
     return module.split(".")[1]
 
 

@@ -209,7 +209,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)
     if not node_ranks(config).runs_engine:  # another node's ranks: no API here
-        from infer.engine.tp_node import serve_node
+        from infer.engine.setup.tp_node import serve_node
 
         return serve_node(config)
     server = build_server(

@@ -1,4 +1,4 @@
-"""What the dashboard sees of an engine (``engine/watch.py`` takes it): its pool block by
+"""What the dashboard sees of an engine (``engine/core/watch.py`` takes it): its pool block by
 block, its requests and its steps since the previous picture.
 
 The pool's picture (``BlockMap``) is built with numpy (``cache/block_map.py``); here it is

@@ -12,7 +12,7 @@ from infer.config import EngineConfig
 from infer.contract.outputs import RequestOutput, TokenLogprob
 from infer.contract.prompts import Prompt
 from infer.contract.sampling_params import SamplingParams
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 from infer.engine.loop import UpFront, drive
 from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL

@@ -59,9 +59,9 @@ from infer.contract.pipes import PipeEnds
 from infer.contract.prompts import Prompt
 from infer.contract.sampling_params import SamplingParams
 from infer.contract.speculation_stats import SpeculationStats
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
+from infer.engine.core.wakeup import STALL_CHECK_S, Wakeup
 from infer.engine.loop import SteppedEngine, drain, drive
-from infer.engine.wakeup import STALL_CHECK_S, Wakeup
 from infer.heap import IdleCollections, freeze_heap
 
 logger = logging.getLogger(__name__)

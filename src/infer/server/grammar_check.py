@@ -27,7 +27,7 @@ from pebble import ProcessExpired, ProcessPool
 
 from infer.contract.constraints import CHECK_STACK_BYTES
 from infer.contract.sampling_params import StructuredOutputsParams
-from infer.engine.grammar import language_error, ll_tokenizer
+from infer.engine.structured.grammar import language_error, ll_tokenizer
 from infer.server.protocol import SamplingRequest
 from infer.server.request_limits import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_GRAMMAR_WORKERS
 from infer.tokenizer import Tokenizer

@@ -398,7 +398,7 @@ class ServerProcess:
         return [
             int(child)
             for child in children
-            if b"infer.engine.tp_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"infer.engine.setup.tp_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
         ]
 
     def wait(self, timeout: float) -> int:

@@ -18,7 +18,7 @@ from infer.contract.outputs import RequestOutput
 from infer.contract.prompts import Prompt
 from infer.contract.sampling_params import SamplingParams
 from infer.contract.speculation_stats import SpeculationStats
-from infer.engine.wakeup import Wakeup
+from infer.engine.core.wakeup import Wakeup
 from infer.loader import resolve_model
 from infer.server.engine_process import ServedEngine
 
