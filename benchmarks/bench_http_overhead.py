@@ -36,7 +36,7 @@ from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import ModelConfig
 from infer.engine.core.engine import Engine
 from infer.loader import resolve_model
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 from infer.workloads import WORKLOADS, Workload, make_workload
 
 WARMUP_MAX_TOKENS = 16

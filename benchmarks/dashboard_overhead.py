@@ -43,7 +43,7 @@ from infer.engine.core.request import Request
 from infer.engine.core.scheduler import Scheduler, StepResult
 from infer.engine.core.watch import EngineWatch
 from infer.loader import resolve_model
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 from infer.workloads import make_workload
 
 SERVE = ["--model", "llama-3.2-3b", "--load-format", "dummy"]

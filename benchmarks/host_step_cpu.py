@@ -44,9 +44,9 @@ from infer.engine.core.engine import Engine
 from infer.engine.core.prompt_logprobs import PromptScores
 from infer.engine.core.runner import ForwardedStep, LaunchedStep, StepInputs
 from infer.engine.core.sampler import SamplerOutput
+from infer.engine.process import _ApiLink, _EngineLoop
 from infer.engine.structured.bitmask import Bitmask
 from infer.heap import IdleCollections, frozen_heap
-from infer.server.engine_process import _ApiLink, _EngineLoop
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import psutil
 
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 
 
 def test_server_with_tensor_parallel_workers() -> None:

@@ -31,7 +31,7 @@ _MAX_DETAIL = 500
 GRAMMAR_FIELD = "structured_outputs"
 # llguidance's compiler recurses on a grammar's structure: ~5,000 chained Lark rules
 # overflowed an 8 MiB stack (SIGSEGV). The server checks each grammar first on a stack of
-# CHECK_STACK_BYTES in a worker process that may crash (``infer.server.grammar_check``);
+# CHECK_STACK_BYTES in a worker process that may crash (``infer.server.http.grammar_check``);
 # the engine compiles on one eight times as large, so what passed cannot crash it.
 CHECK_STACK_BYTES = 8 * 1024 * 1024
 COMPILE_STACK_BYTES = 8 * CHECK_STACK_BYTES

@@ -1,4 +1,4 @@
-"""The messages between the API process and the engine process (``engine_process.py``).
+"""The messages between the API process and the engine process (``engine/process.py``).
 
 Each is a small frozen dataclass, so both ends read fields by name and type checkers see
 what travels. Per-request items are batched: one ``AddRequests``/``Abort`` carries every

@@ -3,7 +3,7 @@
 Each API process has a pair of its own: commands go one way, events the other. The engine
 process reads the commands of all of them and sends each the events of its own requests,
 so API processes never talk to each other. Pair 0 belongs to the process that started the
-engine; the others to the API workers it spawned (``api_workers.py``).
+engine; the others to the API workers it spawned (``server/bridge/api_workers.py``).
 """
 
 from __future__ import annotations

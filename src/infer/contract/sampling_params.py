@@ -26,7 +26,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     # Lark rules of what may come before the constrained output, which they reference as
-    # ``@answer`` (a reasoning model's thoughts: ``infer.server.reasoning``); None: the
+    # ``@answer`` (a reasoning model's thoughts: ``infer.server.openai.reasoning``); None: the
     # constraint applies from the first token.
     preamble: str | None = None
     # The checked grammar in the library's format; what the engine compiles and caches by.

@@ -2,7 +2,7 @@
 retires, schedules, runs one forward pass, samples, and turns tokens into text.
 
 It is single-threaded and synchronous; the offline ``LLM`` drives it in a loop and the
-server runs it in a process of its own (``server/engine_process.py``).
+server runs it in a process of its own (``engine/process.py``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ until ``update`` replaces it; the step ahead takes it from the device (``fed_row
 needs the host first (a preemption, a suspect to run alone) waits for a synchronous step.
 
 With a ``speculative_config``, a decoding row may run its next token and the tokens
-``speculation.py`` proposes after it (``ScheduledChunk.proposals``): every one is sampled,
-``update`` keeps those the target agrees with and rewinds the cache over the rest. Such
-steps are synchronous: the host must know what a step accepted to schedule the next.
+``speculative/speculation.py`` proposes after it (``ScheduledChunk.proposals``): every one
+is sampled, ``update`` keeps those the target agrees with and rewinds the cache over the
+rest. Such steps are synchronous: the host must know what a step accepted to schedule the
+next.
 
 Where the runner makes n-gram proposals on the device (``use_device_proposals``), a step of
 decoding rows can *verify* instead (``verify_queries``): every row runs that many tokens, its
