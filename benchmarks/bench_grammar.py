@@ -3,7 +3,7 @@
 For each of the 20 JSON schemas of ``tests/unit/data/json_schemas.json`` it measures the
 compile time (a fresh compile: tokenizer-dependent preparation included, no cache) and the
 time to fill one token bitmask at every step of generating the schema's example instance.
-This is what picked the engine's library (``infer.engine.grammar``).
+This is what picked the engine's library (``infer.engine.structured.grammar``).
 
     python benchmarks/bench_grammar.py            # needs: pip install xgrammar
 """

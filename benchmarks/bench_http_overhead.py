@@ -34,9 +34,9 @@ from infer.bench.results import environment, results_dir, write_json
 from infer.bench.scoreboard import summary_values, update_many
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.config import ModelConfig
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 from infer.loader import resolve_model
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 from infer.workloads import WORKLOADS, Workload, make_workload
 
 WARMUP_MAX_TOKENS = 16

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from bench_structured import SCHEMA
-from infer.engine.bitmask import start_bitmask
-from infer.engine.grammar import grammar_for
-from infer.engine.grammar_cache import CompiledGrammar, RequestGrammar, StructuredOutputs
-from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.contract.constraints import grammar_for
+from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
+from infer.engine.core.request import Request
+from infer.engine.structured.bitmask import start_bitmask
+from infer.engine.structured.grammar_cache import CompiledGrammar, RequestGrammar, StructuredOutputs
 from infer.loader import resolve_model
 from infer.tokenizer import Tokenizer
 

@@ -39,9 +39,9 @@ from infer import LLM, SamplingParams
 from infer.bench import scoreboard
 from infer.bench.checkpoint import write_gguf_checkpoint
 from infer.bench.offline import run_infer
-from infer.engine.engine import Engine
-from infer.engine.request import Request
-from infer.engine.speculation import SpeculationStats
+from infer.contract.speculation_stats import SpeculationStats
+from infer.engine.core.engine import Engine
+from infer.engine.core.request import Request
 from infer.kernels.verify_inputs import ProposalMode
 from infer.workloads import make_workload
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from infer import LLM, SamplingParams
 from infer.bench import scoreboard
-from infer.engine import bitmask
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.sampling_params import StructuredOutputsParams
+from infer.engine.structured import bitmask
 from infer.workloads import make_workload
 
 SCHEMA: dict[str, Any] = {

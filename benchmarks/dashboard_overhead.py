@@ -37,13 +37,13 @@ from infer.bench.http_client import run_serving
 from infer.bench.metrics import summarize
 from infer.cache import PagedKVCachePool
 from infer.config import EngineConfig, ModelConfig
+from infer.contract.sampling_params import SamplingParams
 from infer.dashboard.frame import frame
-from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import Scheduler, StepResult
-from infer.engine.watch import EngineWatch
+from infer.engine.core.request import Request
+from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.watch import EngineWatch
 from infer.loader import resolve_model
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 from infer.workloads import make_workload
 
 SERVE = ["--model", "llama-3.2-3b", "--load-format", "dummy"]

@@ -37,16 +37,16 @@ from bench_structured import SCHEMA  # beside this script
 from infer import LLM, SamplingParams
 from infer.attention.metadata import host_batch
 from infer.bench.checkpoint import write_checkpoint
-from infer.engine import runner as runner_module
-from infer.engine.bitmask import Bitmask
-from infer.engine.engine import Engine
-from infer.engine.prompt_logprobs import PromptScores
-from infer.engine.runner import ForwardedStep, LaunchedStep, StepInputs
-from infer.engine.sampler import SamplerOutput
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.pipes import PipeEnds
+from infer.contract.sampling_params import StructuredOutputsParams
+from infer.engine.core import runner as runner_module
+from infer.engine.core.engine import Engine
+from infer.engine.core.prompt_logprobs import PromptScores
+from infer.engine.core.runner import ForwardedStep, LaunchedStep, StepInputs
+from infer.engine.core.sampler import SamplerOutput
+from infer.engine.process import _ApiLink, _EngineLoop
+from infer.engine.structured.bitmask import Bitmask
 from infer.heap import IdleCollections, frozen_heap
-from infer.server.engine_pipes import PipeEnds
-from infer.server.engine_process import _ApiLink, _EngineLoop
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_speculative import _AlwaysOpen
 from infer import LLM, SamplingParams
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 from infer.kernels.verify_inputs import ProposalMode
 
 

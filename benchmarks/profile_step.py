@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from infer import LLM, SamplingParams
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 
 KINDS = (
     ("attention", ("_decode_kernel", "_prefill_kernel", "_combine_kernel")),

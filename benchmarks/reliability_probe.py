@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 
 from infer.bench.idle_connections import IdleConnections
-from infer.server.launch import ServerProcess, spawn_server
+from infer.server.bridge.launch import ServerProcess, spawn_server
 from security_attacks import SECURITY_ARGS, security
 
 BASE_ARGS = ["--model", "smollm2-135m", "--device", "cpu"]

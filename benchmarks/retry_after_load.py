@@ -20,8 +20,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 from infer import EngineConfig
 from infer.bench.retrying_clients import run_clients, summarise
-from infer.server.launch import spawn_server
-from infer.server.standin_server import standin_server
+from infer.server.bridge.launch import spawn_server
+from infer.server.bridge.standin_server import standin_server
 
 
 @contextmanager

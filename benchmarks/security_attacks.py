@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from infer.server.launch import ServerProcess
+from infer.server.bridge.launch import ServerProcess
 
 KEY = "sk-probe-key-53"
 AUTH = {"Authorization": f"Bearer {KEY}"}

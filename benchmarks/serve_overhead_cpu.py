@@ -1,5 +1,5 @@
 """What the API process costs, on a CPU: ``infer serve``'s real API process and engine
-process loop, with a stand-in engine (``infer.server.standin``: a fixed step time, one token
+process loop, with a stand-in engine (``infer.engine.standin``: a fixed step time, one token
 per running sequence per step), driven like vLLM's ``bench serve``: one client process,
 text prompts, streamed responses, one connection per request, all sent at once.
 
@@ -105,8 +105,8 @@ def serve(port: int, step_s: float, api_server_count: int) -> None:
     if api_server_count > 1:  # before prometheus_client is imported, as `infer serve` does
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="metrics-"))
     from infer.config import EngineConfig
-    from infer.server.launch import build_server
-    from infer.server.standin import standin_engine
+    from infer.engine.standin import standin_engine
+    from infer.server.bridge.launch import build_server
 
     config = EngineConfig(model=MODEL, device="cpu", max_batch_size=256)
     factory = partial(standin_engine, step_s=step_s)

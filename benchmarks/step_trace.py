@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from infer.engine.engine import Engine
-from infer.engine.scheduler import SchedulerOutput
+from infer.engine.core.engine import Engine
+from infer.engine.core.scheduler import SchedulerOutput
 
 
 def _shape(out: SchedulerOutput | None) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from infer.config import EngineConfig
-from infer.server.engine_process import ServedEngine, load_engine
-from infer.server.messages import EngineInfo
+from infer.contract.messages import EngineInfo
+from infer.engine.process import ServedEngine, load_engine
 from serve_overhead_cpu import Timing, _free_port, _request, _wait_healthy
 from step_trace import trace_engine
 
@@ -48,7 +48,7 @@ def _trace_api(path: Path) -> None:
     """Time each request's reservation (its HTTP request parsed and validated), its start
     (sent to the engine, from the tokenizer thread) and its first dispatched token, in the
     API process."""
-    from infer.server import engine_client
+    from infer.server.bridge import engine_client
 
     out = path.open("a")
     lock = threading.Lock()
@@ -82,7 +82,7 @@ def _trace_api(path: Path) -> None:
 
 
 def serve(model: str, port: int, out: Path, engine_args: dict[str, Any]) -> None:
-    from infer.server.launch import build_server
+    from infer.server.bridge.launch import build_server
 
     _trace_api(out / "api.jsonl")
     config = EngineConfig(model=model, load_format="dummy", max_seq_len=4096, **engine_args)

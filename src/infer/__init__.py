@@ -13,7 +13,7 @@ def __getattr__(name: str) -> object:
 
         return LLM
     if name == "SamplingParams":
-        from infer.engine.sampling_params import SamplingParams
+        from infer.contract.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

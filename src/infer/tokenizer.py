@@ -2,6 +2,8 @@
 
 Tokenizers come from the checkpoint directory or are converted from GGUF metadata by
 transformers; the conversion is slow, so its result is cached on disk and reused.
+transformers (which loads torch) and gguf are imported when a tokenizer is loaded, not
+with this module: the server's API process imports it, and loads one at start-up.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from gguf import GGUFReader
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.config import cache_dir
 from infer.text_pieces import TextPieces
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, Any]
 # How chat templates spell the end of a turn (Gemma, Llama 3, ChatML: Qwen, SmolLM2). A
@@ -83,6 +86,8 @@ class Tokenizer:
     @classmethod
     def load(cls, path: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer | None:
         """From a checkpoint directory or ``.gguf`` file; None when it ships no tokenizer."""
+        from transformers import AutoTokenizer
+
         if path.suffix == ".gguf":
             hf = _load_gguf_tokenizer(path)
             return None if hf is None else cls(hf, eos_token_ids)
@@ -188,6 +193,9 @@ def _end_of_turn_ids(hf: PreTrainedTokenizerBase) -> list[int]:
 def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
     """Convert once (transformers reads the GGUF vocabulary, ~30 s), then reuse the copy;
     None when the file has no vocabulary."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     target = cache_dir() / "tokenizers" / f"{path.stem}-{key.hexdigest()[:16]}"

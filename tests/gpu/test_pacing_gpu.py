@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from infer import LLM, SamplingParams
-from infer.engine.engine import Engine
-from infer.engine.pacing import LaunchPacer
+from infer.engine.core.engine import Engine
+from infer.engine.core.pacing import LaunchPacer
 
 pytestmark = [
     pytest.mark.gpu,

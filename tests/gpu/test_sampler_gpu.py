@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer.engine.request import Request
-from infer.engine.sampler import SamplingBatch, sample
-from infer.engine.sampling_params import SamplingParams
+from infer.contract.sampling_params import SamplingParams
+from infer.engine.core.request import Request
+from infer.engine.core.sampler import SamplingBatch, sample
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered, sample_filtered_torch
 
 pytestmark = [

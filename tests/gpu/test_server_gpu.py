@@ -13,7 +13,7 @@ import pytest
 import torch
 from tests.integration.conftest import started_stream
 
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,10 +11,10 @@ import pytest
 
 from infer import LLM, SamplingParams
 from infer.config import EngineConfig
-from infer.engine.engine import Engine
-from infer.engine.grammar_cache import CompiledGrammar, StructuredOutputs
-from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.outputs import RequestOutput
+from infer.contract.sampling_params import StructuredOutputsParams
+from infer.engine.core.engine import Engine
+from infer.engine.structured.grammar_cache import CompiledGrammar, StructuredOutputs
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 

@@ -20,7 +20,7 @@ import torch
 
 from infer import LLM, SamplingParams
 from infer.cli import main
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 
 CPU = ["--device", "cpu", "--dtype", "float32"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from infer.server import build_server, serve_in_thread
-from infer.server.launch import ServerProcess, spawn_server
+from infer.server.bridge.launch import ServerProcess, spawn_server
 
 MODEL = "smollm2-135m"
 # A second SmolLM2 server and the router's process: about 50 s of CPU, more than make

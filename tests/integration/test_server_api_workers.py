@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from infer.server.launch import ServerProcess, spawn_server
+from infer.server.bridge.launch import ServerProcess, spawn_server
 
 MAX_BATCH = 2
 MAX_WAITING = 2

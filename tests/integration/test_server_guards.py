@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from infer.server import build_server, serve_in_thread
-from infer.server.request_limits import RequestLimits
+from infer.server.guards.request_limits import RequestLimits
 
 PROMPT = "The capital of France is"
 CHAIN = "start: r0\n" + "".join(f'r{i}: "a" r{i + 1}\n' for i in range(6000)) + 'r6000: "b"\n'

@@ -20,7 +20,7 @@ import pytest
 from tests.integration.conftest import started_stream, stream_events
 
 from infer.cli import build_parser
-from infer.server.launch import ServerProcess, spawn_server
+from infer.server.bridge.launch import ServerProcess, spawn_server
 
 KEY = "sk-test-key"
 REQUEST_TIMEOUT_S = 15.0  # longer than the SIGTERM test's requests take on a busy CPU

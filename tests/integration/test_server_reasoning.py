@@ -19,8 +19,8 @@ from transformers import PreTrainedTokenizerFast
 
 from infer import EngineConfig
 from infer.server import build_server, serve_in_thread
-from infer.server.chat import ChatOptions
-from infer.server.reasoning import PARSERS
+from infer.server.http.chat import ChatOptions
+from infer.server.openai.reasoning import PARSERS
 
 TEMPLATE = Path(__file__).parents[1] / "unit" / "data" / "qwen3_chat_template.jinja"
 VOCAB = 320  # the tiny Qwen3's

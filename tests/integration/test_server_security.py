@@ -14,8 +14,8 @@ import pytest
 from tests.integration.conftest import chromium
 
 from infer.server import build_server, serve_in_thread
-from infer.server.request_head import HeadLimits
-from infer.server.request_limits import RequestLimits
+from infer.server.guards.request_head import HeadLimits
+from infer.server.guards.request_limits import RequestLimits
 
 KEY = "sk-security-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}

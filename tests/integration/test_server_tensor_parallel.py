@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import psutil
 
-from infer.server.launch import spawn_server
+from infer.server.bridge.launch import spawn_server
 
 
 def test_server_with_tensor_parallel_workers() -> None:
@@ -26,7 +26,7 @@ def test_server_with_tensor_parallel_workers() -> None:
         workers = [
             p
             for p in psutil.Process(server.process.pid).children(recursive=True)
-            if "infer.engine.tp_worker" in " ".join(p.cmdline())
+            if "infer.engine.setup.tp_worker" in " ".join(p.cmdline())
         ]
         assert len(workers) == 2
     _, alive = psutil.wait_procs(workers, timeout=30)

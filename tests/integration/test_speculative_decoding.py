@@ -19,9 +19,9 @@ from tests.conftest import chi_square_critical
 from tests.integration.conftest import metric
 
 from infer import LLM, SamplingParams
-from infer.engine.request import Request
-from infer.engine.sampling_params import StructuredOutputsParams
-from infer.engine.speculation import SpeculationGate
+from infer.contract.sampling_params import StructuredOutputsParams
+from infer.engine.core.request import Request
+from infer.engine.speculative.speculation import SpeculationGate
 from infer.server import build_server, serve_in_thread
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}

@@ -13,8 +13,8 @@ import llguidance
 import pytest
 
 from infer import LLM, SamplingParams
-from infer.engine.grammar_cache import CompiledGrammar
-from infer.engine.sampling_params import StructuredOutputsParams
+from infer.contract.sampling_params import StructuredOutputsParams
+from infer.engine.structured.grammar_cache import CompiledGrammar
 
 CASES = json.loads((Path(__file__).parents[1] / "unit" / "data" / "json_schemas.json").read_text())
 

@@ -10,7 +10,7 @@ import asyncio
 
 from infer import EngineConfig
 from infer.bench.retrying_clients import run_clients, summarise
-from infer.server.standin_server import standin_server
+from infer.server.bridge.standin_server import standin_server
 
 CLIENTS = 40
 BODY = {"prompt": "Hello", "max_tokens": 10}

@@ -1,5 +1,5 @@
 """A burst of streamed text requests, all at once, as a benchmark client sends them, against
-the stand-in engine (``infer.server.standin``: no model, a fixed step time): every stream
+the stand-in engine (``infer.engine.standin``: no model, a fixed step time): every stream
 comes back whole through the official ``openai`` client, prompts are tokenized as one at a
 time would be, and requests that arrive together reach the engine together."""
 
@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from infer import EngineConfig
+from infer.engine.standin import TOKEN_TEXT, standin_engine
 from infer.server import build_server, serve_in_thread
-from infer.server.engine_client import EngineClient
-from infer.server.standin import TOKEN_TEXT, standin_engine
+from infer.server.bridge.engine_client import EngineClient
 from infer.tokenizer import Tokenizer
 
 BURST = 64

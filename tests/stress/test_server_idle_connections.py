@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from infer.bench.idle_connections import IdleConnections
-from infer.server.launch import DEFAULT_HEADER_TIMEOUT_S, spawn_server
+from infer.server.bridge.launch import DEFAULT_HEADER_TIMEOUT_S, spawn_server
 
 IDLE, SLOW = 1000, 100
 ATTACKERS = [f"127.0.0.{i}" for i in range(2, 6)]

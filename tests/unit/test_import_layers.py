@@ -15,7 +15,7 @@ PACKAGE = Path(infer.__file__).parent
 # Lowest first; one set per layer.
 LAYERS: list[set[str]] = [
     {"config", "speculative_config", "heap", "gil", "text_pieces", "workloads", "routing"},
-    {"tokenizer"},
+    {"tokenizer", "contract"},
     {"kernels"},
     {"attention"},
     {"distributed"},
@@ -32,13 +32,26 @@ LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 
 
 def _part(module: str) -> str:
-    """``infer.engine.runner`` → ``engine``."""
+    """``infer.engine.core.runner`` → ``engine``."""
     return module.split(".")[1]
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, with_typing_only: bool = True) -> list[str]:
+    """The ``infer`` modules ``path`` imports; those under ``if TYPE_CHECKING:`` too unless
+    ``with_typing_only`` is False."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    if not with_typing_only:
+        skipped = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
         elif isinstance(node, ast.Import):
@@ -64,6 +77,31 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     assert upward == []
 
 
+# The API process's packages reach the engine only through ``contract`` (and its types, under
+# TYPE_CHECKING): the engine process, started by module path, is the one that imports it.
+API_SIDE = ("server/http", "server/openai", "server/guards", "server/bridge")
+# Modules that import the engine in processes of their own, never in the API process.
+ENGINE_IN_OWN_PROCESS = {
+    "server/http/grammar_check.py",  # its workers compile grammars as the engine does
+    "server/bridge/standin_server.py",  # a server over the stand-in engine (tests, benchmarks)
+}
+
+
+def test_the_api_side_of_the_server_imports_no_engine() -> None:
+    found = []
+    for folder in API_SIDE:
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            module = path.relative_to(PACKAGE).as_posix()
+            if module in ENGINE_IN_OWN_PROCESS:
+                continue
+            found += [
+                f"{module} imports {n}"
+                for n in _imports(path, with_typing_only=False)
+                if _part(n) == "engine"
+            ]
+    assert found == []
+
+
 def _loaded(code: str, modules: set[str]) -> list[str]:
     """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
     probe = f"import sys; {code}; print(sorted({modules!r} & sys.modules.keys()))"
@@ -80,3 +118,9 @@ def test_import_infer_and_sampling_params_loads_neither_torch_nor_llguidance() -
 def test_the_routing_policy_loads_neither_torch_nor_the_http_stack() -> None:
     code = "from infer.routing import CacheAwarePolicy; CacheAwarePolicy().add_worker('a')"
     assert _loaded(code, {"torch", "fastapi", "httpx"}) == []
+
+
+def test_the_contract_loads_neither_torch_transformers_llguidance_nor_numpy() -> None:
+    modules = sorted(path.stem for path in (PACKAGE / "contract").glob("*.py"))
+    code = "; ".join(f"import infer.contract.{name}" for name in modules)
+    assert _loaded(code, {"torch", "transformers", "llguidance", "numpy"}) == []

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from tests.conftest import MIXED_SCRIPT_TEXTS
+from transformers import AutoTokenizer
 
-import infer.tokenizer as tokenizer_module
 from infer import LLM, SamplingParams
 from infer.config import cache_dir
-from infer.engine.request import RequestOutput
+from infer.contract.outputs import RequestOutput
 from infer.loader.presets import embedded_model_path
 from infer.tokenizer import Tokenizer
 
@@ -45,13 +45,13 @@ def stream(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool = Tru
 def load_recording(monkeypatch: pytest.MonkeyPatch) -> tuple[Tokenizer, list[tuple[str, Any]]]:
     """Load SmolLM2's tokenizer, recording every ``AutoTokenizer.from_pretrained`` call."""
     calls: list[tuple[str, Any]] = []
-    from_pretrained = tokenizer_module.AutoTokenizer.from_pretrained
+    from_pretrained = AutoTokenizer.from_pretrained
 
     def spy(path: str, **kwargs: Any) -> Any:
         calls.append((path, kwargs))
         return from_pretrained(path, **kwargs)
 
-    monkeypatch.setattr(tokenizer_module.AutoTokenizer, "from_pretrained", spy)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", spy)
     loaded = Tokenizer.load(embedded_model_path())
     monkeypatch.undo()
     assert loaded is not None

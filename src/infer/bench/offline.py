@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 from infer.bench.metrics import RequestMetrics, RunResult
 from infer.bench.sampling import GREEDY, BenchSampling
-from infer.engine.engine import Engine
+from infer.contract.outputs import RequestOutput
+from infer.engine.core.engine import Engine
 from infer.engine.loop import SteppedEngine, drive
-from infer.engine.request import RequestOutput
 from infer.heap import frozen_heap
 from infer.workloads import RequestSpec, Workload
 

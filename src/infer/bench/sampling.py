@@ -8,7 +8,7 @@ import itertools
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from infer.engine.sampling_params import SamplingParams
+from infer.contract.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

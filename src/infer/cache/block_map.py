@@ -10,36 +10,19 @@ pool costs the engine's loop little (``benchmarks/dashboard_overhead.py --cpu``)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
-FREE, EVICTABLE, PRIVATE, SHARED = 0, 1, 2, 3
-NO_OWNER = 0xFFFF  # ``owner`` of a block that no listed sequence holds
-MAX_OWNERS = NO_OWNER  # sequences beyond this many are drawn without an owner
-
-
-@dataclass(frozen=True)
-class BlockMap:
-    """Per block (little-endian arrays, as bytes so they pickle cheaply): ``kind`` (uint8,
-    one of the constants above), ``refs`` (uint8 reference counts, 255 at most) and
-    ``owner`` (uint16: index in the caller's list of sequences, ``NO_OWNER`` for none; a
-    shared block gets one of its holders). Every holder of a shared block is in the pairs
-    ``share_block`` (uint32) and ``share_holder`` (uint16, as ``owner``)."""
-
-    num_blocks: int
-    block_size: int
-    kind: bytes
-    refs: bytes
-    owner: bytes
-    share_block: bytes
-    share_holder: bytes
-    used_blocks: int
-    shared_blocks: int
-    evictable_blocks: int
-    internal_fragmentation: float  # empty token slots in used blocks / their capacity
-    evictions: int  # cached blocks reused for something else, ever
+from infer.contract.engine_view import (
+    EVICTABLE,
+    FREE,
+    MAX_OWNERS,
+    NO_OWNER,
+    PRIVATE,
+    SHARED,
+    BlockMap,
+)
 
 
 def build_block_map(

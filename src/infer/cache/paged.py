@@ -12,9 +12,10 @@ import math
 from collections.abc import Sequence
 
 from infer.cache.allocator import BlockAllocator
-from infer.cache.block_map import BlockMap, build_block_map
+from infer.cache.block_map import build_block_map
 from infer.cache.prefix import BlockKey, PrefixIndex, block_keys, root_key
 from infer.cache.stats import CacheStats
+from infer.contract.engine_view import BlockMap
 
 
 class PagedKVCachePool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from infer.cache.block_map import BlockMap
 from infer.cache.stats import CacheStats
+from infer.contract.engine_view import BlockMap
 
 
 @runtime_checkable

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
+from infer.contract.outputs import RequestOutput
+from infer.contract.sampling_params import SamplingParams
 from infer.distributed.layout import node_ranks
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 from infer.engine.loop import UpFront, drive
-from infer.engine.request import RequestOutput
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.tp_node import serve_node
+from infer.engine.setup.tp_node import serve_node
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -12,8 +12,12 @@ import tempfile
 
 from infer.cli.engine_args import add_engine_args, engine_config_from_args
 from infer.distributed.layout import node_ranks
-from infer.server.request_head import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_HEADERS, HeadLimits
-from infer.server.request_limits import (
+from infer.server.guards.request_head import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    HeadLimits,
+)
+from infer.server.guards.request_limits import (
     DEFAULT_GRAMMAR_TIMEOUT_S,
     DEFAULT_GRAMMAR_WORKERS,
     DEFAULT_LIMITS,
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="infer-metrics-") as metrics_dir:
             # Before prometheus_client is imported (with the server): every API process then
-            # keeps its metrics there (see infer.server.metrics).
+            # keeps its metrics there (see infer.server.http.metrics).
             os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics_dir)
             code = _serve(args)
     # The server has shut down (its engine and workers have exited); tearing the
@@ -204,13 +208,13 @@ def _exit_now(code: int) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from infer.server.chat import ChatOptions
-    from infer.server.launch import build_server
-    from infer.server.reasoning import reasoning_parser
+    from infer.server.bridge.launch import build_server
+    from infer.server.http.chat import ChatOptions
+    from infer.server.openai.reasoning import reasoning_parser
 
     config = engine_config_from_args(args)
     if not node_ranks(config).runs_engine:  # another node's ranks: no API here
-        from infer.engine.tp_node import serve_node
+        from infer.engine.setup.tp_node import serve_node
 
         return serve_node(config)
     server = build_server(

@@ -22,7 +22,7 @@ import base64
 import zlib
 from typing import Any
 
-from infer.engine.watch import EngineView
+from infer.contract.engine_view import EngineView
 
 
 def frame(view: EngineView) -> dict[str, Any]:

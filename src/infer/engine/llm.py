@@ -9,11 +9,11 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from infer.config import EngineConfig
-from infer.engine.engine import Engine
+from infer.contract.outputs import RequestOutput, TokenLogprob
+from infer.contract.prompts import Prompt
+from infer.contract.sampling_params import SamplingParams
+from infer.engine.core.engine import Engine
 from infer.engine.loop import UpFront, drive
-from infer.engine.prompts import Prompt
-from infer.engine.request import RequestOutput, TokenLogprob
-from infer.engine.sampling_params import SamplingParams
 from infer.heap import frozen_heap
 from infer.loader.presets import DEFAULT_MODEL
 from infer.tokenizer import Message

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-from infer.engine.wakeup import STALL_CHECK_S, Wakeup
+from infer.engine.core.wakeup import STALL_CHECK_S, Wakeup
 
 Output = TypeVar("Output")
 Output_co = TypeVar("Output_co", covariant=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 from infer.dashboard.frame import frame
 from infer.dashboard.page import render_page
-from infer.engine.request import Request
-from infer.engine.scheduler import SampledTokens, Scheduler, SchedulerOutput
-from infer.engine.watch import EngineWatch
+from infer.engine.core.request import Request
+from infer.engine.core.scheduler import SampledTokens, Scheduler, SchedulerOutput
+from infer.engine.core.watch import EngineWatch
 
 MAX_FRAMES = 300
 _RECORDS = ("steps", "latencies", "preempted")

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from infer.config import EngineConfig
-from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import QueueFullError, Scheduler, StepResult
+from infer.contract.errors import QueueFullError
+from infer.contract.sampling_params import SamplingParams
+from infer.engine.core.request import Request
+from infer.engine.core.scheduler import Scheduler, StepResult
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.html import Replay
 from infer.kvsim.pool import SimulatedPool

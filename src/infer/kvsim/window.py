@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infer.cache.allocator import BlockAllocator
-from infer.cache.block_map import BlockMap, build_block_map
+from infer.cache.block_map import build_block_map
 from infer.cache.stats import CacheStats
+from infer.contract.engine_view import BlockMap
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.pool import RefusalLog
 

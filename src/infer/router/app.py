@@ -24,10 +24,10 @@ from infer.router.prompt_text import routing_key
 from infer.router.proxy import Forward, forward
 from infer.router.workers import DEFAULT_HEALTH_INTERVAL_S, DEFAULT_HEALTH_TIMEOUT_S, WorkerPool
 from infer.routing import DEFAULT_ROUTING, RoutingSettings
-from infer.server.auth import APIKeyMiddleware
-from infer.server.body_limit import BodyLimit, too_large
-from infer.server.errors import APIError, BodyTooLargeError, install_error_handlers
-from infer.server.request_limits import DEFAULT_LIMITS
+from infer.server.guards.auth import APIKeyMiddleware
+from infer.server.guards.body_limit import BodyLimit, too_large
+from infer.server.guards.request_limits import DEFAULT_LIMITS
+from infer.server.http.errors import APIError, BodyTooLargeError, install_error_handlers
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from infer.router.workers import WorkerPool
 from infer.routing import NoWorkerError, RoutingKey
-from infer.server.errors import APIError
+from infer.server.http.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from infer.bench.hf_peer import build_hf_model, run_hf
 from infer.bench.metrics import summarize
 from infer.bench.offline import check_fits, run_infer
 from infer.config import EngineConfig
-from infer.engine.engine import Engine
+from infer.engine.core.engine import Engine
 from infer.workloads import RequestSpec, Workload, make_workload
 
 VOCAB = 320  # the tiny checkpoints'

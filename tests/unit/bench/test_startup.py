@@ -46,7 +46,7 @@ def test_vllm_reports_its_own_durations() -> None:
 
 
 def test_infer_markers_read_the_start_up_log() -> None:
-    prefix = "INFO infer.engine.start_up_log: start-up: "
+    prefix = "INFO infer.engine.setup.start_up_log: start-up: "
     lines = [
         (3.0, "INFO:     Started server process [1]"),
         (9.0, prefix + "llama-3.2-3b: load the weights in 4.10 s"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from infer.cache.block_map import EVICTABLE, FREE, NO_OWNER, PRIVATE, SHARED, BlockMap
 from infer.cache.paged import PagedKVCachePool
 from infer.cache.slotted import SlottedKVCache
+from infer.contract.engine_view import EVICTABLE, FREE, NO_OWNER, PRIVATE, SHARED, BlockMap
 
 PROMPT = list(range(10))  # two full blocks of 4, and two tokens
 

@@ -10,11 +10,12 @@ import numpy as np
 
 from infer.cache import PagedKVCachePool
 from infer.config import EngineConfig
+from infer.contract.engine_view import EngineView
+from infer.contract.sampling_params import SamplingParams
 from infer.dashboard.frame import frame
-from infer.engine.request import Request
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import Scheduler, StepResult
-from infer.engine.watch import EngineView, EngineWatch
+from infer.engine.core.request import Request
+from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.watch import EngineWatch
 
 
 def _unpack(text: str, dtype: str) -> list[int]:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infer.engine.core.wakeup import Wakeup
 from infer.engine.loop import UpFront, drain, drive
-from infer.engine.wakeup import Wakeup
 
 
 class FakeEngine:

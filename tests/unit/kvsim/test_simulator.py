@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from infer.config import EngineConfig
-from infer.engine.engine import Engine
-from infer.engine.sampling_params import SamplingParams
-from infer.engine.scheduler import SchedulerOutput
+from infer.contract.sampling_params import SamplingParams
+from infer.engine.core.engine import Engine
+from infer.engine.core.scheduler import SchedulerOutput
 from infer.kvsim.footprint import footprint_of_config, load_footprint
 from infer.kvsim.simulator import Arrivals, simulate
 from infer.kvsim.trace import Trace, TraceRequest, make_trace

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from infer.router.app import create_router_app
-from infer.server.launch import serve_in_thread
+from infer.server.bridge.launch import serve_in_thread
 
 HEALTH_INTERVAL_S = 0.2
 _WORKER = Path(__file__).with_name("standin_worker.py")

@@ -1,0 +1,2 @@
+"""What a connection or request must pass before the engine sees it: hosts, keys, sizes,
+deadlines, counts of connections and requests in flight."""
