@@ -4,7 +4,6 @@ nothing."""
 
 from __future__ import annotations
 
-import gc
 import random
 import statistics
 import time
@@ -53,8 +52,6 @@ def _round(engine: Engine, rng: random.Random) -> tuple[float, float]:
 def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gc.collect()  # engines of earlier tests, still in reference cycles, hold GPU memory
-    torch.cuda.empty_cache()
     llm = LLM(
         "llama-3.2-3b",
         load_format="dummy",
