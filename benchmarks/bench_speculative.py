@@ -181,8 +181,8 @@ def _mean_decode_step_s(
         started = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - started)
-        in_flight = engine.pipeline.uncollected
-        verifying.append(in_flight is not None and in_flight.scheduled.verify_queries > 0)
+        in_flight = None if engine.ahead is None else engine.ahead.in_flight
+        verifying.append(in_flight is not None and in_flight.verify_queries > 0)
     decode, verified = times[4:-4], verifying[4:-4]  # past the prefill, before the last rows finish
     return sum(decode) / len(decode), sum(verified) / len(verified)
 

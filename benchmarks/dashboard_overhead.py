@@ -40,7 +40,7 @@ from infer.config import EngineConfig, ModelConfig
 from infer.contract.sampling_params import SamplingParams
 from infer.dashboard.frame import frame
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.scheduler import Scheduler
 from infer.engine.core.watch import EngineWatch
 from infer.loader import resolve_model
 from infer.server.bridge.launch import spawn_server
@@ -81,7 +81,8 @@ def cpu_cost(
     for _ in range(20):  # prefills, then decodes: every request running
         last = scheduler.schedule()
         sampled = sum(c.samples for c in last.chunks)
-        scheduler.update(last, StepResult([1] * sampled, [None] * sampled))
+        last.token_ids, last.logprobs = [1] * sampled, [None] * sampled
+        scheduler.update(last)
     assert last is not None and len(scheduler.running) == num_requests
     view = watch.view(scheduler)
 

@@ -42,8 +42,9 @@ from infer.contract.sampling_params import StructuredOutputsParams
 from infer.engine.core import runner as runner_module
 from infer.engine.core.engine import Engine
 from infer.engine.core.prompt_logprobs import PromptScores
-from infer.engine.core.runner import ForwardedStep, LaunchedStep, StepInputs
+from infer.engine.core.runner import StepInputs
 from infer.engine.core.sampler import SamplerOutput
+from infer.engine.core.step import Step
 from infer.engine.process import _ApiLink, _EngineLoop
 from infer.engine.structured.bitmask import Bitmask
 from infer.heap import IdleCollections, frozen_heap
@@ -78,8 +79,11 @@ def null_model(llm: LLM, max_rows: int) -> None:
             host_batch(step.sequences, block_size, max_rows, max_rows)
         return torch.empty(0), None
 
-    def sample(forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
-        tokens = torch.randint(1000, 40000, (len(forwarded.requests),))
+    def sample(step: Step, bitmask: Bitmask | None = None) -> None:
+        if step.logits is None:  # no row samples
+            return
+        step.logits = None
+        tokens = torch.randint(1000, 40000, (len(step.rows),))
         if bitmask is not None:
             rows, bits = bitmask.result()
             priority = torch.rand(bits.shape[1])
@@ -87,7 +91,7 @@ def null_model(llm: LLM, max_rows: int) -> None:
             value = bits.gather(1, word[:, None])[:, 0].to(torch.int64) & 0xFFFFFFFF
             lowest = torch.log2((value & -value).to(torch.float64)).to(torch.int64)
             tokens[torch.tensor(rows)] = word * 32 + lowest
-        return runner_module._copy_to_host(SamplerOutput(tokens), forwarded.requests)
+        runner_module._copy_to_host(step, SamplerOutput(tokens))
 
     runner.run_model = run_model  # type: ignore[method-assign]
     runner.sample = sample  # type: ignore[method-assign]

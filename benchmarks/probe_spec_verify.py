@@ -5,7 +5,7 @@ the device, every step checking k); at batch 1 and 8 it runs a few dozen decode 
 reports:
 
 * the mean wall time of ``Engine.step`` (as ``bench_speculative.py --parts verify``);
-* host time per step in each phase (schedule, schedule_ahead, propose, forward, graph run,
+* host time per step in each phase (schedule, schedule_ahead, propose, launch, graph run,
   sample, collect, update) and whether the steps replayed a graph;
 * from ``torch.profiler`` (CUDA activity only, so the host is not slowed): GPU time per step,
   the GPU's idle time per step between kernels (host work the device waits for) and the
@@ -224,7 +224,7 @@ def main() -> None:
         scheduler, runner = engine.scheduler, engine.runner
         for name in ("schedule", "schedule_ahead", "update"):
             phases.wrap(scheduler, name)
-        for name in ("forward", "sample", "collect"):
+        for name in ("launch", "sample", "collect"):
             phases.wrap(runner, name)
         phases.wrap(runner.model, "compute_logits", "compute_logits")
         if runner.graphs is not None:

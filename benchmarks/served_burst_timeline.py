@@ -183,7 +183,7 @@ def _infer_report(
     origin = min(starts)
     api = [e for e in _lines(out / "api.jsonl", marks[0]) if e["t"] >= origin]
     steps = [e for e in _lines(out / "engine.jsonl", marks[1]) if e["t0"] >= origin]
-    forwards = [e for e in steps if e["ev"] == "forward"]
+    forwards = [e for e in steps if e["ev"] == "launch"]
     collects = [e for e in steps if e["ev"] == "collect"]
 
     def ms(t: float) -> float:

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infer.engine.core.engine import Engine
-from infer.engine.core.scheduler import SchedulerOutput
+from infer.engine.core.step import Step
 
 
-def _shape(out: SchedulerOutput | None) -> dict[str, Any]:
+def _shape(out: Step | None) -> dict[str, Any]:
     if out is None:
         return {"chunks": 0}
     prompt = sum(c.num_tokens for c in out.chunks if c.num_tokens > 1)
@@ -82,8 +82,8 @@ def trace_engine(engine: Engine, path: Path) -> None:
     _wrap(engine.scheduler, "schedule", writer, lambda a, r: _shape(r))
     _wrap(engine.scheduler, "schedule_ahead", writer, lambda a, r: _shape(r))
     _wrap(engine.scheduler, "update", writer, lambda a, r: {"tokens": len(r)})
-    _wrap(engine.runner, "forward", writer, lambda a, r: _shape(a[0]))
-    _wrap(engine.runner, "sample", writer, lambda a, r: {"rows": len(a[0].requests)})
+    _wrap(engine.runner, "launch", writer, lambda a, r: _shape(a[0]))
+    _wrap(engine.runner, "sample", writer, lambda a, r: {"rows": len(a[0].rows)})
     _wrap(engine.runner, "collect", writer, none)
     if engine.runner.graphs is not None:
         _wrap(engine.runner.graphs, "run", writer, lambda a, r: {"graph": r is not None})
@@ -153,7 +153,7 @@ def _device_times(events: list[dict[str, Any]]) -> None:
     """Each step's device time, by whether it holds prompt tokens: with one step always
     queued, a step runs from the end of the collect before it (or its own queueing, if later)
     to the end of its own collect. Steps are collected in the order they are queued."""
-    forwards = [e for e in events if e["ev"] == "forward"]
+    forwards = [e for e in events if e["ev"] == "launch"]
     collects = [e for e in events if e["ev"] == "collect"]
     times: dict[str, list[float]] = defaultdict(list)
     for i in range(1, min(len(forwards), len(collects))):

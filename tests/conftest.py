@@ -221,3 +221,13 @@ def unfrozen_heap() -> None:
     """A heap no one has frozen: tests that start the API app in this process leave it
     frozen (the app freezes its start-up heap), and freezing is what these tests check."""
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def gpu_memory_of_earlier_tests_freed(request: pytest.FixtureRequest) -> None:
+    """Before a GPU test, the engines earlier tests left in reference cycles are collected
+    and their cache blocks returned: otherwise a server started next finds the GPU full
+    (a test file run after another's engine failed this way)."""
+    if request.node.get_closest_marker("gpu") is not None and torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()

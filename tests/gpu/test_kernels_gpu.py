@@ -17,6 +17,8 @@ from infer.attention.torch_backend import paged_attention_torch
 from infer.attention.triton_backend import paged_attention_triton
 from infer.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
 from infer.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
+from infer.kernels.compile_ahead import compiling_ahead
+from infer.kernels.jit_log import JIT_LOG
 from infer.kernels.kv_write import write_kv_torch
 from infer.kernels.paged_attention import triton_paged_attention
 from infer.kernels.rms_norm import fused_add_rms_norm_torch, rms_norm_torch
@@ -236,3 +238,17 @@ def test_rope_and_kv_write_on_qkv_views(model: str) -> None:
     assert_bf16_close(q, ref_q)
     assert_bf16_close(k_cache, k_ref)
     assert torch.equal(v_cache, v_ref)
+
+
+def test_a_variant_compiled_ahead_is_built_on_exit_and_its_launch_builds_nothing() -> None:
+    JIT_LOG.install()
+    x = torch.randn(5, 3333, dtype=BF16, device="cuda")  # a width no other test uses
+    weight = torch.randn(3333, dtype=BF16, device="cuda")
+    before = len(JIT_LOG.variants)
+    with compiling_ahead(x.device):
+        rms_norm_triton(x, weight, 1e-6)  # recorded, not run
+        assert len(JIT_LOG.variants) == before
+    assert len(JIT_LOG.variants) == before + 1
+    out = rms_norm_triton(x, weight, 1e-6)
+    assert len(JIT_LOG.variants) == before + 1
+    torch.testing.assert_close(out, rms_norm_torch(x, weight, 1e-6), atol=2e-2, rtol=2e-2)

@@ -319,19 +319,20 @@ def test_a_seeded_request_samples_the_same_tokens_with_and_without_async_schedul
 
 
 def test_launch_pacing_needs_async_scheduling_and_never_sleeps_on_the_cpu(llama: str) -> None:
-    assert _engine(llama, use_async_scheduling=False).pipeline.pacer is None
-    assert _engine(llama, use_launch_pacing=False).pipeline.pacer is None
+    assert _engine(llama, use_async_scheduling=False).ahead is None
+    ahead = _engine(llama, use_launch_pacing=False).ahead
+    assert ahead is not None and ahead.pacer is None
     engine = _engine(llama)
-    assert engine.pipeline.pacer is not None
+    assert engine.ahead is not None and engine.ahead.pacer is not None
     engine.add_request(list(range(3, 20)), GREEDY, request_id="a")
     slept = []
     while engine.has_unfinished_requests():
-        if engine.pipeline.uncollected is not None:
-            slept.append(engine.pipeline.pacer.wait((1, 1)))
+        if engine.ahead.in_flight is not None:
+            slept.append(engine.ahead.pacer.wait((1, 1)))
         engine.step()
     # The CPU's steps are done when they are queued: the host never waits, so none is timed.
     assert slept and set(slept) == {0.0}
-    assert engine.pipeline.pacer.expected_s((1, 1)) is None
+    assert engine.ahead.pacer.expected_s((1, 1)) is None
 
 
 def test_a_loop_waiting_for_a_grammar_sleeps_instead_of_spinning(

@@ -111,18 +111,18 @@ def test_scheduled_ahead_constrained_steps_sample_what_synchronous_steps_do(
     ]
     prompts = ["Describe a person:", "A person in JSON:", "Once upon a time", "The sky is"]
     engine = smollm2_llm.engine
-    forwarded = []
-    original = engine.runner.forward
+    launched = []
+    original = engine.runner.launch
 
     def counting(*args: Any) -> Any:
-        forwarded.append(args[0])
+        launched.append(args[0])
         return original(*args)
 
-    monkeypatch.setattr(engine.runner, "forward", counting)
+    monkeypatch.setattr(engine.runner, "launch", counting)
     ahead = smollm2_llm.generate(prompts, params, use_tqdm=False)
     # Constrained rows ran ahead (fed from the device), their masks filled afterwards.
-    assert any(s.fed_rows and any(c.request.grammar for c in s.chunks) for s in forwarded)
-    monkeypatch.setattr(engine.config, "use_async_scheduling", False)
+    assert any(s.fed_rows and any(c.request.grammar for c in s.chunks) for s in launched)
+    monkeypatch.setattr(engine, "ahead", None)  # the synchronous step from here on
     synchronous = smollm2_llm.generate(prompts, params, use_tqdm=False)
     assert [r.outputs[0].token_ids for r in ahead] == [r.outputs[0].token_ids for r in synchronous]
     for r in ahead[:2]:

@@ -237,7 +237,7 @@ class SamplingParams:
     def needs_output_tokens(self) -> bool:
         """Whether sampling reads the output so far on the host (penalties count it, a
         grammar's mask follows it), so a step's sampling cannot be queued before the
-        previous one's tokens are known (its forward pass can: ``Engine.step``)."""
+        previous one's tokens are known (its forward pass can: ``RunAhead``)."""
         return self.needs_penalties or self.structured_outputs is not None
 
 

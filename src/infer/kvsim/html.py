@@ -16,7 +16,8 @@ from typing import Any
 from infer.dashboard.frame import frame
 from infer.dashboard.page import render_page
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import SampledTokens, Scheduler, SchedulerOutput
+from infer.engine.core.scheduler import SampledTokens, Scheduler
+from infer.engine.core.step import Step
 from infer.engine.core.watch import EngineWatch
 
 MAX_FRAMES = 300
@@ -42,7 +43,7 @@ class Replay:
 
     def stepped(
         self,
-        scheduled: SchedulerOutput,
+        scheduled: Step,
         accepted: list[SampledTokens],
         start_s: float,
         step_s: float,

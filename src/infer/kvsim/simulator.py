@@ -41,7 +41,7 @@ from infer.config import EngineConfig
 from infer.contract.errors import QueueFullError
 from infer.contract.sampling_params import SamplingParams
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.scheduler import Scheduler
 from infer.kvsim.footprint import KVFootprint
 from infer.kvsim.html import Replay
 from infer.kvsim.pool import SimulatedPool
@@ -182,8 +182,9 @@ class _Run:
         for request in self.scheduler.running:
             self.admitted_at.setdefault(request.request_id, step)
         num_samples = scheduled.num_samples
-        sampled = StepResult(self.token_ids.fresh(num_samples), [None] * num_samples)
-        accepted = self.scheduler.update(scheduled, sampled)
+        scheduled.token_ids = self.token_ids.fresh(num_samples)
+        scheduled.logprobs = [None] * num_samples
+        accepted = self.scheduler.update(scheduled)
         if self.replay is not None:
             self.replay.stepped(scheduled, accepted, now, step_s)
             self.replay.capture(self.scheduler)

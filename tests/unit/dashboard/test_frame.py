@@ -14,7 +14,7 @@ from infer.contract.engine_view import EngineView
 from infer.contract.sampling_params import SamplingParams
 from infer.dashboard.frame import frame
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.scheduler import Scheduler
 from infer.engine.core.watch import EngineWatch
 
 
@@ -32,7 +32,8 @@ def view() -> EngineView:
         scheduler.add_request(Request(name, prompt, 9, SamplingParams(max_tokens=8), seed=0))
         out = scheduler.schedule()
         sampled = len(out.chunks_that_sample())
-        scheduler.update(out, StepResult([5] * sampled, [None] * sampled))
+        out.token_ids, out.logprobs = [5] * sampled, [None] * sampled
+        scheduler.update(out)
     return watch.view(scheduler)
 
 

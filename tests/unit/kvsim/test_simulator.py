@@ -14,7 +14,7 @@ import pytest
 from infer.config import EngineConfig
 from infer.contract.sampling_params import SamplingParams
 from infer.engine.core.engine import Engine
-from infer.engine.core.scheduler import SchedulerOutput
+from infer.engine.core.step import Step
 from infer.kvsim.footprint import footprint_of_config, load_footprint
 from infer.kvsim.simulator import Arrivals, simulate
 from infer.kvsim.trace import Trace, TraceRequest, make_trace
@@ -46,8 +46,8 @@ def _engine_utilization(engine: Engine, trace: Trace) -> list[float]:
     samples = []
     scheduler = engine.scheduler
 
-    def sampled(schedule: Callable[..., SchedulerOutput]) -> Callable[..., SchedulerOutput]:
-        def schedule_and_sample(*args: Any) -> SchedulerOutput:
+    def sampled(schedule: Callable[..., Step]) -> Callable[..., Step]:
+        def schedule_and_sample(*args: Any) -> Step:
             out = schedule(*args)
             if out is not None and out.chunks:
                 samples.append(float(engine.cache_stats()["utilization"]))

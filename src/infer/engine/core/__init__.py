@@ -1,2 +1,4 @@
-"""One engine step and its parts: the scheduler decides, the runner launches the forward
-pass and sampling, the engine collects and updates its requests."""
+"""One engine step and its parts, around one ``Step`` (``step.py``): the scheduler creates
+it, the runner launches, samples and collects it, ``Scheduler.update`` consumes it; the
+engine drives them (``engine.py``), and with async scheduling queues steps ahead
+(``run_ahead.py``)."""

@@ -256,6 +256,13 @@ class CUDAGraphRunner:
         return self.model.compute_logits(self.model(inputs.input_ids, meta))
 
     @torch.inference_mode()
+    def run_each_bucket(self) -> None:
+        """Each bucket's step, eagerly, once: what ``capture`` launches, to build its kernel
+        variants beforehand. Verify buckets excepted: their inputs come from a kernel."""
+        for bucket in self.buckets:
+            if not bucket.queries:
+                self.forward(bucket)
+
     def capture(self) -> None:
         """Capture every bucket, largest first, sharing one memory pool, and replay each
         once. The static buffers hold rows without tokens meanwhile, so the warm-up runs and

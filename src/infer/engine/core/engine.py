@@ -1,5 +1,7 @@
 """The engine: owns the model, the cache pool, the scheduler and the runner; one ``step()``
-retires, schedules, runs one forward pass, samples, and turns tokens into text.
+schedules a ``Step``, launches its forward pass, samples, collects the samples and updates
+the requests with them (tokens, text, stop rules). With async scheduling the next step is
+queued before this one is collected (``RunAhead``).
 
 It is single-threaded and synchronous; the offline ``LLM`` drives it in a loop and the
 server runs it in a process of its own (``engine/process.py``).
@@ -22,9 +24,10 @@ from infer.contract.sampling_params import SamplingParams
 from infer.distributed.group import SINGLE, WorkerDiedError
 from infer.engine.core.output import request_output
 from infer.engine.core.pacing import LaunchPacer
-from infer.engine.core.pipeline import Pipeline
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, SchedulerOutput
+from infer.engine.core.run_ahead import RunAhead
+from infer.engine.core.scheduler import Scheduler
+from infer.engine.core.step import Step
 from infer.engine.core.wakeup import Wakeup
 from infer.engine.core.watch import EngineWatch, mean_itl
 from infer.engine.setup.memory import kv_bytes_per_token
@@ -101,8 +104,8 @@ class Engine:
             )  # fmt: skip
 
     def _start_serving(self, pool: CachePoolProtocol) -> None:
-        """The host-side state of serving, on ``pool`` (empty): the queues, the step
-        pipeline, the counters. Set again after the warm-up, so nothing of it stays but the
+        """The host-side state of serving, on ``pool`` (empty): the queues, the steps queued
+        ahead, the counters. Set again after the warm-up, so nothing of it stays but the
         pacer's step times."""
         config = self.config
         self.pool = self.runner.pool = pool
@@ -113,13 +116,12 @@ class Engine:
             # On a GPU a wide batch is compute-bound; on the CPU (tests) any batch speculates.
             widest = MAX_VERIFY_TOKENS // queries if self.device.type == "cuda" else None
             self.scheduler.use_device_proposals(queries, VerifyCosts(measured, max_rows=widest))
-        self.pipeline = Pipeline(
-            self.scheduler,
-            self.runner,
-            run_ahead=config.use_async_scheduling,
-            pacer=self.pacer,
-            on_launch=self._launched,
-        )
+        self.ahead: RunAhead | None = None  # async scheduling's steps queued ahead
+        if config.use_async_scheduling:
+            self.ahead = RunAhead(
+                self.runner, self.pacer, schedule_after=self._schedule, launch=self._launch
+            )
+        self._scheduled: list[Step] = []  # the steps the engine step under way scheduled
         # The last step found nothing it could run (only requests whose grammars compile):
         # loops then block on ``wakeup`` (set when one has compiled) and their inputs.
         self.stalled = False
@@ -205,7 +207,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work() or self.pipeline.busy
+        return self.scheduler.has_work() or (self.ahead is not None and self.ahead.busy)
 
     @property
     def num_running(self) -> int:
@@ -220,58 +222,113 @@ class Engine:
         """For loops that take in new requests between steps: sleep until the step in flight
         is about to end (``LaunchPacer``), then take them in and call ``step``, so that they
         join the step queued next. Returns at once when there is nothing to pace."""
-        self.pipeline.wait_to_schedule()
+        if self.ahead is not None:
+            self.ahead.wait_to_schedule()
 
     def step(self) -> list[RequestOutput]:
-        """One engine step (``_step``), recorded for the dashboard while one watches."""
+        """One engine step; returns the progress of every request that produced output.
+        Recorded for the dashboard while one watches."""
         watch = self.watch
         if not watch.armed:
-            return self._step()
+            return self._step_or_recover()
         watch.begin()
-        outputs = self._step()
+        outputs = self._step_or_recover()
         watch.stepped()
         for out in outputs:
             if out.finished and out.ttft_s is not None:
                 watch.finished(out.ttft_s, mean_itl(out.token_times_s))
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
-        """One engine step: schedule → launch → collect → update; returns the progress of
-        every request that produced output. With async scheduling the next step is launched
-        before this one is collected, and the next call collects it (``Pipeline``)."""
+    def _step(self, outputs: list[RequestOutput]) -> None:
+        """One step: schedule → launch → sample → collect → update; ``outputs`` takes the
+        progress of every request that produced output."""
+        step = self._schedule()
+        if step is None:
+            return
+        self._launch(step)
+        self.runner.sample(step)
+        self.runner.collect(step)
+        self._update(step, outputs)
+
+    def _step_ahead(self, outputs: list[RequestOutput]) -> None:
+        """One step with async scheduling (``RunAhead``): the step in flight, queued by the
+        last call, is collected once the next is queued behind it, so the device runs that
+        one while the host updates the requests with this one's tokens."""
+        ahead = self.ahead
+        assert ahead is not None
+        step = ahead.take()
+        if step is None:  # nothing in flight: schedule, launch and sample one now
+            step = self._schedule()
+            if step is None:
+                return
+            self._launch(step)
+            self.runner.sample(step)
+        ahead.queue_next(step)
+        ahead.collect(step)
+        self._update(step, outputs)
+        ahead.sample_deferred()
+
+    def _step_or_recover(self) -> list[RequestOutput]:
+        """``_step`` (``_step_ahead`` with async scheduling), and the admissions that failed
+        while it scheduled. When it raises, only the request that causes it fails
+        (``Scheduler.recover``): the others of its steps are recomputed."""
         self.stalled = False
-        pipeline = self.pipeline
-        current, deferred = pipeline.take()
+        ahead = self.ahead
+        queued = [] if ahead is None else ahead.queued()
         outputs: list[RequestOutput] = []
         try:
-            if current is None:  # nothing in flight: schedule and launch a step now
-                scheduled = pipeline.schedule()
-                if scheduled is None:
-                    self.stalled = self.scheduler.has_work()
-                    return self._outputs(pipeline.failed)
-                current = pipeline.launch(scheduled)
-            if deferred is None:
-                deferred = pipeline.run_ahead(current)
-            result = pipeline.collect(current)
-            bitmask = pipeline.start_bitmask(deferred, current, result)
-            outputs += self._end_failed_grammars()
-            for new in self.scheduler.update(current.scheduled, result):
-                outputs.append(self._output(new.request, new.token_ids, new.logprobs, new.text))
-            if deferred is not None:  # the tokens its sampling reads are known now
-                pipeline.sample(deferred, bitmask)
+            if ahead is None:
+                self._step(outputs)
+            else:
+                self._step_ahead(outputs)
         except WorkerDiedError:  # no step can run any more
             raise
-        except Exception as exc:  # only the request that causes it fails; the rest retry
+        except Exception as exc:
             if self.workers is not None:  # unless a collective failed because a worker died
                 self.workers.check_alive(grace_s=1.0)  # (its exit may lag its sockets')
             logger.exception("engine step failed")
-            pipeline.clear()
+            if ahead is not None:
+                ahead.clear()
+            involved = [r for step in queued + self._scheduled for r in step.requests()]
             error = f"{type(exc).__name__}: {exc}"
-            outputs += self._outputs(self.scheduler.recover(pipeline.involved, error))
-        outputs += self._outputs(pipeline.failed)
+            outputs += self._outputs(self.scheduler.recover(involved, error))
+        for step in self._scheduled:
+            outputs += self._outputs(step.failed)
+        self._scheduled.clear()
         self.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         self.peak_utilization = max(self.peak_utilization, self.utilization())
         return outputs
+
+    def _schedule(self, after: Step | None = None) -> Step | None:
+        """The next step (after ``after``, in flight: ``Scheduler.schedule_ahead``); None
+        when it has nothing to run. Each is recorded for ``_step_or_recover``."""
+        scheduler = self.scheduler
+        step = scheduler.schedule() if after is None else scheduler.schedule_ahead(after)
+        if step is None:
+            return None
+        self._scheduled.append(step)
+        if step.chunks:
+            return step
+        if after is None:  # nothing in flight either: loops wait for new input
+            self.stalled = scheduler.has_work()
+        return None
+
+    def _launch(self, step: Step, previous: Step | None = None) -> None:
+        """Queue the step's forward pass (behind ``previous``, whose samples it may read on
+        the device); count its prompt tokens, and show it to a watcher."""
+        self.runner.launch(step, previous)
+        for chunk in step.chunks:
+            if chunk.request.num_output_tokens == 0:
+                self.num_prompt_tokens += chunk.num_tokens
+        if self.watch.recording:
+            self.watch.launched(step, self.runner.graphed)
+
+    def _update(self, step: Step, outputs: list[RequestOutput]) -> None:
+        """Record the collected step's tokens (``Scheduler.update``), after ending the
+        requests whose grammars failed."""
+        outputs += self._end_failed_grammars()
+        for new in self.scheduler.update(step):
+            outputs.append(self._output(new.request, new.token_ids, new.logprobs, new.text))
 
     def _end_failed_grammars(self) -> list[RequestOutput]:
         """End the requests whose matcher failed in a fill done by now (every fill of a step
@@ -285,14 +342,6 @@ class Engine:
                 request.finish("error", request.grammar.failure)
                 ended.append(self._output(request))
         return ended
-
-    def _launched(self, scheduled: SchedulerOutput) -> None:
-        """Count the prompt tokens of a step just queued, and show it to a watcher."""
-        for chunk in scheduled.chunks:
-            if chunk.request.num_output_tokens == 0:
-                self.num_prompt_tokens += chunk.num_tokens
-        if self.watch.recording:
-            self.watch.launched(scheduled, self.runner.graphed)
 
     def _outputs(self, requests: list[Request]) -> list[RequestOutput]:
         return [self._output(r) for r in requests]

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from infer.contract.outputs import TokenLogprob
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import SchedulerOutput
+from infer.engine.core.step import Step
 
 # Rows projected at once: bounds the [rows, vocab] float32 logits of a long prompt (512 rows
 # of a 128k vocabulary: 256 MB) without a loop per row.
@@ -57,14 +57,14 @@ class ScoredSpan:
     count: int
 
 
-def plan(scheduled: SchedulerOutput) -> tuple[ScoredRows, list[ScoredSpan]]:
+def plan(step: Step) -> tuple[ScoredRows, list[ScoredSpan]]:
     """The rows of a step's chunks that score their prompt, and whose scores they are
     (none, at once, for a step without such a request)."""
     rows, spans = ScoredRows(), list[ScoredSpan]()
-    if not scheduled.scores_prompts:
+    if not step.scores_prompts:
         return rows, spans
     flat = 0
-    for chunk in scheduled.chunks:
+    for chunk in step.chunks:
         request = chunk.request
         # Positions p in the chunk whose next token p + 1 is still in the prompt.
         end = min(chunk.start + chunk.num_tokens, request.num_prompt_tokens - 1)

@@ -1,13 +1,13 @@
-"""Runs one scheduled step: one flat batch, one forward pass, one batched sample.
+"""Runs one scheduled ``Step``: one flat batch, one forward pass, one batched sample.
 
-The host builds the step's metadata with numpy and copies it once; the device returns the
-sampled tokens (and logprobs when asked) with one synchronisation, in ``collect`` — apart
-from ``launch``, so the engine can queue the next step before waiting for this one.
-``launch`` is ``forward`` then ``sample``: a step whose sampling needs the previous step's
-tokens on the host (grammar masks, penalties) has its forward pass queued ahead and its
-sampling queued later. A step replays a captured CUDA graph when one holds its shape. A step
-that verifies proposals made on the device runs as ``verify_step`` describes, with no more
-host work in the way than a plain decode step.
+``launch`` queues the step's forward pass (the host builds its metadata with numpy and
+copies it once), ``sample`` its sampling and the copy of the samples to the host, and
+``collect`` waits for them: the step's one synchronisation, apart from the other two, so the
+engine can queue the next step before waiting for this one. A step whose sampling needs the
+previous step's tokens on the host (grammar masks, penalties) is launched ahead and sampled
+later. Each fills its part of the step (``step.Step``). A step replays a captured CUDA graph
+when one holds its shape. A step that verifies proposals made on the device runs as
+``verify_step`` describes, with no more host work in the way than a plain decode step.
 
 Under tensor parallelism rank 0's runner sends each step's ``StepInputs`` to the other
 ranks before its forward pass, and their runners run the same model pass (``run_model``):
@@ -31,9 +31,8 @@ from infer.distributed.group import SINGLE, ParallelGroup
 from infer.engine.core import prompt_logprobs
 from infer.engine.core.cuda_graphs import CUDAGraphRunner
 from infer.engine.core.prompt_logprobs import PromptScores, ScoredRows
-from infer.engine.core.request import Request
 from infer.engine.core.sampler import SamplerOutput, SamplingBatch, greedy, sample
-from infer.engine.core.scheduler import SchedulerOutput, StepResult
+from infer.engine.core.step import Step
 from infer.engine.speculative.token_history import TokenHistory
 from infer.engine.speculative.verify_step import (
     VerifyOutputs,
@@ -49,43 +48,13 @@ from infer.models import DecoderModel
 
 
 @dataclass
-class LaunchedStep:
-    """A step whose kernels are queued: its sampled tokens stay on the device (the next step
-    can read them from there) while their copy to the host completes behind ``done``."""
-
-    requests: list[Request]  # the rows that sample, in order
-    token_ids: Tensor  # [B] on the device
-    # Host copies: tokens (a verify step's: then each row's accepted and proposed counts),
-    # logprobs, top ids, top logprobs.
-    host: list[Tensor | None]
-    done: torch.cuda.Event | None  # None on the CPU, where the copies are already done
-    # A verify step: per row, the sample the next step continues from and the proposals
-    # accepted (on the device; a plain step continues from ``token_ids``, accepting none).
-    continues_from: Tensor | None = None
-    accepted: Tensor | None = None
-    verify_rows: int = 0
-
-
-@dataclass
-class ForwardedStep:
-    """A step whose forward pass is queued but whose sampling is not: ``ModelRunner.sample``
-    queues it once the host knows what it reads (the previous step's tokens, for a
-    grammar's mask or penalties)."""
-
-    requests: list[Request]  # the rows that sample, in order (a request's proposals: several)
-    logits: Tensor  # [B, V] on the device
-    output_indices: list[int]  # which output of its request each row samples
-    proposed: list[list[int]] | None  # the proposed tokens before each row (speculation)
-    verify: VerifyOutputs | None = None  # a verify step's (``verify_step``)
-
-
-@dataclass
 class StepInputs:
-    """What a rank needs to run one step's forward pass: the flat batch's sequences (block
-    tables, positions, tokens), how many of each one's last positions sample (more than one
-    where proposed tokens are checked), whether the input tokens are the
-    previous step's samples (still on the device: rank 0 broadcasts them as a tensor), and
-    the block copies copy-on-write asked for (made before the step writes the cache)."""
+    """What a rank needs to run one step's forward pass (``launch`` makes it of a ``Step``;
+    under tensor parallelism rank 0 sends it to the other ranks): the flat batch's sequences
+    (block tables, positions, tokens), how many of each one's last positions sample (more
+    than one where proposed tokens are checked), whether the input tokens are the previous
+    step's samples (still on the device: rank 0 broadcasts them as a tensor), and the block
+    copies copy-on-write asked for (made before the step writes the cache)."""
 
     sequences: list[ScheduledSequence]
     samples: list[int]
@@ -145,25 +114,16 @@ class ModelRunner:
         self.proposal_mode = ProposalMode.NGRAM  # where verify steps' proposals come from
         model.bind_kv_cache(storage.k, storage.v)
 
-    def launch(
-        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
-    ) -> LaunchedStep | None:
-        """Queue the step's forward pass and sampling; returns None when no row samples.
-
-        A step scheduled ahead takes the input tokens of its fed rows from ``previous``'s
-        samples on the device (``scheduled.fed_rows``); the host does not know them yet.
-        """
-        forwarded = self.forward(scheduled, previous)
-        return None if forwarded is None else self.sample(forwarded)
-
     @torch.inference_mode()
-    def forward(
-        self, scheduled: SchedulerOutput, previous: LaunchedStep | None = None
-    ) -> ForwardedStep | None:
-        """Queue the step's forward pass only (``launch`` without sampling)."""
-        if scheduled.verify_queries:
-            return self._forward_verify(scheduled, previous)
-        chunks = scheduled.chunks
+    def launch(self, step: Step, previous: Step | None = None) -> None:
+        """Queue the step's forward pass; the logits of its rows that sample stay on the
+        device (``step.logits``) for ``sample``. A step scheduled ahead takes the input
+        tokens of its fed rows from ``previous``'s samples on the device
+        (``step.fed_rows``); the host does not know them yet."""
+        if step.verify_queries:
+            self._launch_verify(step, previous)
+            return
+        chunks = step.chunks
         sequences = []
         for chunk in chunks:
             request = chunk.request
@@ -175,65 +135,68 @@ class ModelRunner:
             table = self.pool.block_table(request.seq_id)
             sequences.append(ScheduledSequence(table, chunk.start, tokens))
         input_ids = None
-        if scheduled.fed_rows:
-            assert previous is not None
-            input_ids = self._fed_input_ids(sequences, scheduled.fed_rows, previous.token_ids)
+        if step.fed_rows:
+            assert previous is not None and previous.samples is not None
+            input_ids = self._fed_input_ids(sequences, step.fed_rows, previous.samples)
         copies = self.pool.take_copies()
-        scored, spans = prompt_logprobs.plan(scheduled)
-        step = StepInputs(
+        scored, spans = prompt_logprobs.plan(step)
+        inputs = StepInputs(
             sequences, [c.num_samples for c in chunks], input_ids is not None, copies, scored
         )
         if self.group.world_size > 1:
-            self.group.broadcast_object(step)
+            self.group.broadcast_object(inputs)
             if input_ids is not None:
                 self.group.broadcast_tensor(input_ids)
-        logits, scores = self.run_model(step, input_ids)
+        logits, scores = self.run_model(inputs, input_ids)
         if scores is not None:  # waits for this step's forward pass (only where asked)
             prompt_logprobs.record(spans, scores)
-        sampling = scheduled.chunks_that_sample()
+        sampling = step.chunks_that_sample()
         if not sampling:
-            return None
-        if not scheduled.speculative:  # one row per chunk (the usual step: kept lean)
-            rows = [c.request for c in sampling]
-            return ForwardedStep(rows, logits, [c.output_index for c in sampling], None)
+            return
+        step.logits = logits
+        if not step.speculative:  # one row per chunk (the usual step: kept lean)
+            step.rows = [c.request for c in sampling]
+            step.output_indices = [c.output_index for c in sampling]
+            return
         expanded = [
             (c.request, c.output_index + i, c.proposals[:i])
             for c in sampling
             for i in range(c.num_samples)
         ]
         requests, output_indices, proposed = zip(*expanded, strict=True)
-        return ForwardedStep(list(requests), logits, list(output_indices), list(proposed))
+        step.rows, step.output_indices = list(requests), list(output_indices)
+        step.proposed = list(proposed)
 
     @torch.inference_mode()
-    def sample(self, forwarded: ForwardedStep, bitmask: Bitmask | None = None) -> LaunchedStep:
-        """Queue the sampling of a forwarded step and the copy of its samples to the host;
-        the settings are read from the requests now, the grammars' masks too unless their
-        filling was started earlier (``bitmask``)."""
-        sampling, logits = forwarded.requests, forwarded.logits
-        if forwarded.verify is not None:
-            return self._sample_verify(forwarded)
+    def sample(self, step: Step, bitmask: Bitmask | None = None) -> None:
+        """Queue the sampling of a launched step and the copy of its samples to the host
+        (nothing when no row samples); the settings are read from the requests now, the
+        grammars' masks too unless their filling was started earlier (``bitmask``)."""
+        logits, sampling = step.logits, step.rows
+        if logits is None:
+            return
+        step.logits = None  # (the samples are what a later step reads)
+        if step.verify is not None:
+            self._sample_verify(step, logits)
+            return
         if all(r.greedy_argmax for r in sampling):  # no settings to gather
-            out = greedy(
-                logits, sampling, self.vocab_size, self.device, bitmask, forwarded.proposed
-            )
+            out = greedy(logits, sampling, self.vocab_size, self.device, bitmask, step.proposed)
         else:
             batch = SamplingBatch.from_requests(
                 sampling,
                 self.vocab_size,
                 self.device,
                 bitmask,
-                forwarded.output_indices,
-                forwarded.proposed,
+                step.output_indices,
+                step.proposed,
             )
             out = sample(logits, batch)
-        return _copy_to_host(out, sampling)
+        _copy_to_host(step, out)
 
-    def _forward_verify(
-        self, scheduled: SchedulerOutput, previous: LaunchedStep | None
-    ) -> ForwardedStep:
+    def _launch_verify(self, step: Step, previous: Step | None) -> None:
         """Queue a verify step's forward pass (every chunk a row of ``verify_queries``)."""
         assert self.verify is not None and self.history is not None
-        queries, chunks = scheduled.verify_queries, scheduled.chunks
+        queries, chunks = step.verify_queries, step.chunks
         plan = VerifyPlan([], [], [], [], None, self.proposal_mode)
         for chunk in chunks:
             request = chunk.request
@@ -244,11 +207,15 @@ class ModelRunner:
             plan.limits.append(chunk.proposal_limit)
             plan.tables.append(self.pool.block_table(request.seq_id))
         continued = None
-        if scheduled.fed_rows:  # every row, in order (``Scheduler._verify_step``)
-            assert previous is not None and len(scheduled.fed_rows) == len(chunks)
-            plan.sources = [source for _, source in scheduled.fed_rows]
+        if step.fed_rows:  # every row, in order (``Scheduler._verify_step``)
+            assert previous is not None and len(step.fed_rows) == len(chunks)
+            assert previous.samples is not None
+            plan.sources = [source for _, source in step.fed_rows]
             samples = previous.continues_from
-            continued = (previous.token_ids if samples is None else samples, previous.accepted)
+            continued = (
+                previous.samples if samples is None else samples,
+                previous.accepted_on_device,
+            )
         copies = self.pool.take_copies()
         self.storage.copy_blocks(copies)
         self.history.copy_blocks(copies)
@@ -256,12 +223,11 @@ class ModelRunner:
         self.graphed = out is not None
         if out is None:
             out = self._verify_eagerly(plan, continued, queries)
-        logits, verify = out
-        requests = [c.request for c in chunks for _ in range(queries)]
-        output_indices = [
+        step.logits, step.verify = out
+        step.rows = [c.request for c in chunks for _ in range(queries)]
+        step.output_indices = [
             c.start + 1 + i - c.request.num_prompt_tokens for c in chunks for i in range(queries)
         ]
-        return ForwardedStep(requests, logits, output_indices, None, verify)
 
     def _verify_eagerly(
         self, plan: VerifyPlan, previous: tuple[Tensor, Tensor | None] | None, queries: int
@@ -280,11 +246,12 @@ class ModelRunner:
         logits = self.model.compute_logits(self.model(inputs.input_ids, meta))
         return logits, VerifyOutputs(inputs.input_ids, inputs.num_proposals, extra, queries)
 
-    def _sample_verify(self, forwarded: ForwardedStep) -> LaunchedStep:
+    def _sample_verify(self, step: Step, logits: Tensor) -> None:
         """Sample every token of a verify step, then count on the device what stands; the
         samples, accepted and proposed counts go to the host in one copy."""
-        verify, sampling, logits = forwarded.verify, forwarded.requests, forwarded.logits
+        verify, sampling = step.verify, step.rows
         assert verify is not None
+        step.verify = None
         tokens = len(sampling)
         packed = torch.empty(
             tokens + 2 * (tokens // verify.queries), dtype=torch.int64, device=self.device
@@ -293,7 +260,7 @@ class ModelRunner:
             out = SamplerOutput(torch.argmax(logits, dim=-1, out=packed[:tokens]))
         else:
             batch = SamplingBatch.from_requests(
-                sampling, self.vocab_size, self.device, None, forwarded.output_indices
+                sampling, self.vocab_size, self.device, None, step.output_indices
             )
             # A seeded row's noise follows the output it samples, which the device knows.
             batch.rows.steps = batch.rows.steps + verify.extra.repeat_interleave(verify.queries)
@@ -302,12 +269,10 @@ class ModelRunner:
             out.token_ids, verify.input_ids, verify.num_proposals, verify.queries, packed
         )
         out.token_ids = packed
-        launched = _copy_to_host(out, sampling)
-        launched.token_ids = packed[:tokens]
-        launched.continues_from = continues_from
-        launched.accepted = packed[tokens : tokens + tokens // verify.queries]
-        launched.verify_rows = tokens // verify.queries
-        return launched
+        _copy_to_host(step, out)
+        step.samples = packed[:tokens]
+        step.continues_from = continues_from
+        step.accepted_on_device = packed[tokens : tokens + tokens // verify.queries]
 
     def _fed_input_ids(
         self, sequences: list[ScheduledSequence], fed: list[tuple[int, int]], samples: Tensor
@@ -325,17 +290,18 @@ class ModelRunner:
         input_ids[positions.to(self.device, non_blocking=True)] = picked
         return input_ids
 
-    def is_done(self, launched: LaunchedStep | None) -> bool:
+    def is_done(self, step: Step) -> bool:
         """Whether the step's samples are on the host already (collecting would not wait)."""
-        return launched is None or launched.done is None or launched.done.query()
+        return step.done is None or step.done.query()
 
-    def collect(self, launched: LaunchedStep | None) -> StepResult:
-        """Wait for the step's samples and return them (the step's one synchronisation)."""
-        if launched is None:  # no row sampled
-            return StepResult([], [])
-        if launched.done is not None:
-            launched.done.synchronize()
-        return _results(launched)
+    def collect(self, step: Step) -> None:
+        """Wait for the step's samples and put them on it (``token_ids``, ``logprobs``, a
+        verify step's counts): the step's one synchronisation."""
+        if step.samples is None:  # no row sampled
+            return
+        if step.done is not None:
+            step.done.synchronize()
+        _collected(step)
 
     def release_graphs(self) -> None:
         """Drop the CUDA graphs before the process group goes: destroying an NCCL group
@@ -398,11 +364,13 @@ def _ends(sequences: list[ScheduledSequence]) -> list[int]:
     return ends
 
 
-def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
-    """Queue the copies of the sampler's results into pinned host memory."""
+def _copy_to_host(step: Step, out: SamplerOutput) -> None:
+    """Keep the samples on the device and queue their copies into pinned host memory."""
+    step.samples = out.token_ids
     tensors = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs]
     if not out.token_ids.is_cuda:
-        return LaunchedStep(requests, out.token_ids, list(tensors), None)
+        step.host = list(tensors)
+        return
     host: list[Tensor | None] = []
     for tensor in tensors:
         if tensor is None:
@@ -412,32 +380,35 @@ def _copy_to_host(out: SamplerOutput, requests: list[Request]) -> LaunchedStep:
         host.append(buffer.copy_(tensor, non_blocking=True))
     done = torch.cuda.Event()
     done.record()
-    return LaunchedStep(requests, out.token_ids, host, done)
+    step.host, step.done = host, done
 
 
-def _results(launched: LaunchedStep) -> StepResult:
-    tokens, chosen, top_ids, top_values = launched.host
+def _collected(step: Step) -> None:
+    """Read the host copies into the step's ``token_ids``, ``logprobs`` and a verify
+    step's counts."""
+    tokens, chosen, top_ids, top_values = step.host
     assert tokens is not None
     token_ids: list[int] = tokens.tolist()
-    accepted = num_proposals = None
-    if launched.verify_rows:  # samples, then each row's accepted and proposed counts
-        rows = launched.verify_rows
-        token_ids, accepted, num_proposals = (
+    if step.verify_queries:  # samples, then each row's accepted and proposed counts
+        rows = len(step.chunks)
+        token_ids, step.accepted, step.num_proposals = (
             token_ids[: -2 * rows],
             token_ids[-2 * rows : -rows],
             token_ids[-rows:],
         )
+    step.token_ids = token_ids
     if chosen is None:
-        return StepResult(token_ids, [None] * len(token_ids), accepted, num_proposals)
+        step.logprobs = [None] * len(token_ids)
+        return
     chosen_list = chosen.tolist()
     ids = top_ids.tolist() if top_ids is not None else [[] for _ in token_ids]
     values = top_values.tolist() if top_values is not None else [[] for _ in token_ids]
     logprobs: list[TokenLogprob | None] = []
-    for i, request in enumerate(launched.requests):
+    for i, request in enumerate(step.rows):
         wanted = request.params.logprobs
         if wanted is None:
             logprobs.append(None)
             continue
         top = dict(zip(ids[i][:wanted], values[i][:wanted]))
         logprobs.append(TokenLogprob(token_ids[i], chosen_list[i], top))
-    return StepResult(token_ids, logprobs, accepted, num_proposals)
+    step.logprobs = logprobs

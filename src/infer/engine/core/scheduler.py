@@ -1,4 +1,5 @@
-"""Decides, each step, how many tokens of which requests run, and accounts for what ran.
+"""Decides, each step, how many tokens of which requests run (it creates the ``Step``), and
+accounts for what ran (``update`` consumes the step, its samples collected).
 
 ``schedule``: retire the finished (freeing their cache) → running requests first, oldest
 first (a decode token each, or the next prefill chunk) → admission of waiting requests while
@@ -10,8 +11,8 @@ when the previous one has finished. Scheduled tokens count as computed at once (
 is being written), so the pool's length of a sequence is the one place that says how much
 of it is cached.
 
-``update``: after the forward pass, each sampled token is appended, the stop rules run, and
-the sequence's newly full blocks are offered for prefix sharing.
+``update``: once the step's samples are collected, each sampled token is appended, the stop
+rules run, and the sequence's newly full blocks are offered for prefix sharing.
 
 ``schedule_ahead`` (async scheduling): the step after the one in flight, decided by the
 same rules before that step's tokens reach the host: decode rows, next prefill chunks and
@@ -42,7 +43,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig
@@ -52,6 +53,7 @@ from infer.contract.outputs import TokenLogprob
 from infer.contract.speculation_stats import SpeculationStats
 from infer.engine.core.output import record_token
 from infer.engine.core.request import Request, RequestState
+from infer.engine.core.step import ScheduledChunk, Step
 from infer.engine.speculative.speculation import (
     HOST_PROPOSALS,
     NgramProposer,
@@ -67,70 +69,6 @@ MAX_FAILED_STEPS = 3
 LONG_CHUNK_ALIGN = 1024
 
 
-@dataclass
-class ScheduledChunk:
-    """``num_tokens`` tokens of ``request`` from position ``start`` computed in this step;
-    ``samples``: they reach the end of the sequence, so a token is sampled. The last
-    ``len(proposals)`` of them are proposed tokens, each sampled after too."""
-
-    request: Request
-    start: int
-    num_tokens: int
-    samples: bool
-    proposals: list[int] = field(default_factory=list)
-    # The most proposals the row may take (host's, or a verify row's made on the device).
-    proposal_limit: int = 0
-    verify: bool = False  # a verify row: its tokens (and where they start) are the device's
-
-    @property
-    def output_index(self) -> int:
-        """Which output a chunk that samples samples first (0: the first), fixed when it is
-        scheduled: a seed draws the same noise for the same output whether or not the step
-        was scheduled ahead or speculated, and however many samples are on the device."""
-        end = self.start + self.num_tokens - len(self.proposals)
-        return end - self.request.num_prompt_tokens
-
-    @property
-    def num_samples(self) -> int:
-        if self.verify:
-            return self.num_tokens
-        return 1 + len(self.proposals) if self.samples else 0
-
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    failed: list[Request] = field(default_factory=list)  # finished at admission
-    # Scheduled ahead: (row, sample) pairs; the row's one input token is that sample of the
-    # step in flight (still on the device).
-    fed_rows: list[tuple[int, int]] = field(default_factory=list)
-    # Scheduled ahead but short of blocks: the next step runs synchronously (and preempts).
-    needs_host: bool = False
-    # Decoding rows may carry proposals (``speculative_config``): ``update`` counts how the
-    # step paid off.
-    speculative: bool = False
-    # A chunk's request scores its prompt (``prompt_logprobs``): the runner plans which
-    # positions to project; other steps skip the planning.
-    scores_prompts: bool = False
-    # A verify step (every chunk a verify row of this many tokens); 0 for any other.
-    verify_queries: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
-    def num_samples(self) -> int:
-        return sum(c.num_samples for c in self.chunks)
-
-    def requests(self) -> list[Request]:
-        return [c.request for c in self.chunks]
-
-    def chunks_that_sample(self) -> list[ScheduledChunk]:
-        return [c for c in self.chunks if c.samples]
-
-
 @dataclass(slots=True)
 class SampledTokens:
     """The tokens ``update`` accepted for a request (one, or more where proposals were
@@ -140,17 +78,6 @@ class SampledTokens:
     token_ids: list[int]
     logprobs: list[TokenLogprob]
     text: str
-
-
-@dataclass
-class StepResult:
-    """Sampled tokens of the chunks that sample, in order (``num_samples`` per chunk); a
-    verify step's also says, per chunk, how many proposals it ran and how many stood."""
-
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None]
-    accepted: list[int] | None = None
-    num_proposals: list[int] | None = None
 
 
 class Scheduler:
@@ -220,10 +147,10 @@ class Scheduler:
         return 0 if request.seq_id is None else self.pool.get_seq_len(request.seq_id)
 
     # --- before the forward pass -----------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> Step:
         """The next step; nothing may be in flight (every placeholder resolved)."""
         self.retire()
-        out = SchedulerOutput()
+        out = Step()
         suspect = self._first_suspect()
         if suspect is not None and self._schedule_alone(suspect, out):
             return out
@@ -235,7 +162,7 @@ class Scheduler:
             self._add_proposals(out)
         return out
 
-    def schedule_ahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
+    def schedule_ahead(self, previous: Step) -> Step | None:
         """The step after ``previous`` (in flight), by the rules of ``schedule``; the rows
         that sampled in ``previous`` run their placeholder, fed from its samples on the
         device. None when the next step needs the host first: a suspect runs alone, blocks
@@ -256,7 +183,7 @@ class Scheduler:
         # proposals wait for the host.
         if previous.verify_queries or self._host_proposals():
             return None
-        out = SchedulerOutput()
+        out = Step()
         self._fill(out, ahead=True)
         if not out.chunks:
             if out.failed:  # failed at admission: reported with the step in flight
@@ -274,7 +201,7 @@ class Scheduler:
         """A request recovering from a failed step (it runs alone, synchronously)."""
         return next((r for r in itertools.chain(self.running, self.waiting) if r.suspect), None)
 
-    def _fill(self, out: SchedulerOutput, *, ahead: bool) -> None:
+    def _fill(self, out: Step, *, ahead: bool) -> None:
         """Running requests first (a decode token or the next chunk), then admissions,
         within the step's budget. ``ahead``: a placeholder that ends its request is not
         continued, and a shortage of blocks stops the step instead of preempting."""
@@ -313,7 +240,7 @@ class Scheduler:
             return False
         return any(self.gate.limits(self.running, HOST_PROPOSALS))
 
-    def _add_proposals(self, out: SchedulerOutput) -> None:
+    def _add_proposals(self, out: Step) -> None:
         """Proposed tokens after each decoding row's token, within the step's budget, the
         requests' lengths and free blocks (proposals never preempt)."""
         assert self.proposer is not None and self.gate is not None
@@ -369,7 +296,7 @@ class Scheduler:
             and request.num_output_tokens >= params.min_tokens
         )
 
-    def _verify_step(self, previous: SchedulerOutput | None) -> SchedulerOutput | None:
+    def _verify_step(self, previous: Step | None) -> Step | None:
         """Every running row verifying device proposals, after ``previous`` (in flight) or
         after a collected step; None when such a step cannot run now: no verify graph holds
         the batch or the gate keeps it from speculating, a row is not decoding (or not
@@ -390,7 +317,7 @@ class Scheduler:
         for request in rows:  # the most the row can keep (``update`` gives back the rest)
             if not self.pool.prepare_append(request.seq_id, queries):  # type: ignore[arg-type]
                 return None
-        out = SchedulerOutput(verify_queries=queries)
+        out = Step(verify_queries=queries)
         for row, (request, limit, (start, fed)) in enumerate(zip(rows, limits, starts)):
             chunk = ScheduledChunk(request, start, queries, True, [], max(limit, 0), verify=True)
             out.chunks.append(chunk)
@@ -402,7 +329,7 @@ class Scheduler:
         return out
 
     def _verify_starts(
-        self, rows: list[Request], previous: SchedulerOutput | None
+        self, rows: list[Request], previous: Step | None
     ) -> list[tuple[int, int | None]] | None:
         """Where each row's verify tokens start as far as the host knows, and which sample
         of ``previous`` feeds it; None when a row cannot verify."""
@@ -451,7 +378,7 @@ class Scheduler:
         """Whether the token in flight is the request's last by length."""
         return request.reaches_length(request.num_tokens_with_pending, self.max_seq_len)
 
-    def _add_chunk(self, out: SchedulerOutput, request: Request, num_tokens: int) -> None:
+    def _add_chunk(self, out: Step, request: Request, num_tokens: int) -> None:
         assert request.seq_id is not None
         start = self.pool.get_seq_len(request.seq_id)
         samples = start + num_tokens == request.num_tokens_with_pending
@@ -461,7 +388,7 @@ class Scheduler:
         self.pool.advance(request.seq_id, num_tokens)
         request.num_placeholders += samples
 
-    def _schedule_alone(self, request: Request, out: SchedulerOutput) -> bool:
+    def _schedule_alone(self, request: Request, out: Step) -> bool:
         """Schedule only ``request`` (a suspect of a failed step); False if it cannot run."""
         if request.state is RequestState.WAITING:
             if not self._start(request):
@@ -521,9 +448,7 @@ class Scheduler:
             size = max(size - decodes, (size + 1) // 2)
         return min(remaining, room, size)
 
-    def _make_room(
-        self, request: Request, num_tokens: int, out: SchedulerOutput, *, ahead: bool
-    ) -> bool:
+    def _make_room(self, request: Request, num_tokens: int, out: Step, *, ahead: bool) -> bool:
         """Get blocks for the request's next tokens, preempting the newest requests; ahead
         of a step in flight (whose blocks a preemption would free) the step needs the host."""
         assert request.seq_id is not None
@@ -563,7 +488,7 @@ class Scheduler:
             return not self.running
         return True
 
-    def _admit(self, out: SchedulerOutput, budget: int, prefills: int, decodes: int) -> None:
+    def _admit(self, out: Step, budget: int, prefills: int, decodes: int) -> None:
         free_tokens = self.pool.free_token_capacity()
         admissible = (
             None
@@ -617,17 +542,18 @@ class Scheduler:
         return True
 
     # --- after the forward pass -------------------------------------------------------------
-    def update(self, scheduled: SchedulerOutput, result: StepResult) -> list[SampledTokens]:
-        """Account a collected step: each sampled token replaces its placeholder, is
-        detokenised and checked against the stop rules; completed blocks become shareable.
-        Tokens of requests that ended while the step was in flight are dropped. A chunk with
-        proposals keeps the samples ``accepted_length`` allows; the cache forgets the rest.
-        Requests that end here free their cache at once: whoever reads the outputs then sees
-        it free (a step in flight that still writes it was queued before any new owner's)."""
+    def update(self, step: Step) -> list[SampledTokens]:
+        """Account a collected step (its samples on the host): each sampled token replaces
+        its placeholder, is detokenised and checked against the stop rules; completed blocks
+        become shareable. Tokens of requests that ended while the step was in flight are
+        dropped. A chunk with proposals keeps the samples ``accepted_length`` allows; the
+        cache forgets the rest. Requests that end here free their cache at once: whoever
+        reads the outputs then sees it free (a step in flight that still writes it was
+        queued before any new owner's)."""
         now = time.perf_counter()
         accepted = []
         first = 0
-        sampling = scheduled.chunks_that_sample()
+        sampling = step.chunks_that_sample()
         for index, chunk in enumerate(sampling):
             request, count = chunk.request, chunk.num_samples
             if not request.is_finished:
@@ -636,20 +562,18 @@ class Scheduler:
                     request.suspect = False  # it ran a whole step alone without failing
                 kept = 1
                 if chunk.verify:
-                    assert result.accepted is not None and result.num_proposals is not None
-                    kept = self._verified(
-                        chunk, result.accepted[index], result.num_proposals[index]
-                    )
+                    assert step.accepted is not None and step.num_proposals is not None
+                    kept = self._verified(chunk, step.accepted[index], step.num_proposals[index])
                 elif count > 1:
-                    kept = self._accept(chunk, result.token_ids[first : first + count])
-                accepted.append(self._record(request, result, first, kept, now))
+                    kept = self._accept(chunk, step.token_ids[first : first + count])
+                accepted.append(self._record(request, step, first, kept, now))
             first += count
         if self.gate is not None and self._may_speculate():
             self.gate.observe(
                 [c.request for c in sampling if not c.proposal_limit and not c.request.is_finished]
             )  # (a host proposer that found nothing: no cost, nothing learnt)
         ended = False
-        for chunk in scheduled.chunks:
+        for chunk in step.chunks:
             request = chunk.request
             if request.is_finished:
                 ended = True
@@ -689,12 +613,12 @@ class Scheduler:
         return 1 + accepted
 
     def _record(
-        self, request: Request, result: StepResult, first: int, kept: int, now: float
+        self, request: Request, step: Step, first: int, kept: int, now: float
     ) -> SampledTokens:
         """Record the request's ``kept`` samples from row ``first`` on, until one ends it."""
         new = SampledTokens(request, [], [], "")
         for row in range(first, first + kept):
-            token_id, logprob = result.token_ids[row], result.logprobs[row]
+            token_id, logprob = step.token_ids[row], step.logprobs[row]
             if logprob is not None:
                 request.logprobs.append(logprob)
                 new.logprobs.append(logprob)

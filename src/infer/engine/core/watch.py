@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from infer.contract.engine_view import EngineView, RequestRow, StepRecord
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, SchedulerOutput
+from infer.engine.core.scheduler import Scheduler
+from infer.engine.core.step import Step
 
 ARMED_S = 2.0  # a dashboard asks several times a second; this outlasts a slow network
 MAX_RECORDS = 4096  # per kind, between two views (a view every ~200 ms needs far fewer)
@@ -56,17 +57,17 @@ class EngineWatch:
         self.recording = True
         self._begun = self.now()
 
-    def launched(self, scheduled: SchedulerOutput, graphed: bool | None) -> None:
+    def launched(self, step: Step, graphed: bool | None) -> None:
         """The step call queued a step on the device (it may queue one, or none)."""
         decode = sum(
-            c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens for c in scheduled.chunks
+            c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens for c in step.chunks
         )
-        self._launched[0] += scheduled.num_tokens - decode
+        self._launched[0] += step.num_tokens - decode
         self._launched[1] += decode
-        self._launched[2] += len(scheduled.chunks)
+        self._launched[2] += len(step.chunks)
         self._graphed = graphed if self._graphed is None else self._graphed and graphed
         now = self.now()
-        self._preempted.extend((now, r.request_id) for r in scheduled.preempted)
+        self._preempted.extend((now, r.request_id) for r in step.preempted)
 
     def stepped(self) -> None:
         """The ``step`` call returned."""

@@ -23,6 +23,7 @@ from infer.engine.setup.memory import KVCacheBuilder
 from infer.engine.setup.start_up_log import start_up_part
 from infer.engine.setup.warmup import SAMPLER_PART, SamplerWarmUp, warm_up_kernels
 from infer.engine.speculative.token_history import TokenHistory
+from infer.kernels.compile_ahead import compiling_ahead
 from infer.kernels.dispatch import triton_enabled
 from infer.kernels.jit_cache import use_kernel_cache
 from infer.kernels.jit_log import JIT_LOG
@@ -88,6 +89,10 @@ def build_rank(
         if device.type == "cuda":
             with start_up_part(f"{source.name}: warm up the step kernels", log=log):
                 chunks = _long_chunks(config, max_seq_len)
+                with compiling_ahead(device):  # the variants of both, built side by side
+                    warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
+                    if graphs is not None:
+                        graphs.run_each_bucket()
                 warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
     except BaseException:
         if sampler is not None:

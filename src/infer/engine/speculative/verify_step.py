@@ -1,4 +1,4 @@
-"""A step that verifies proposals made on the device (``SchedulerOutput.verify_queries``).
+"""A step that verifies proposals made on the device (``Step.verify_queries``).
 
 Every row runs ``Q`` tokens: the sample it continues from and up to ``Q - 1`` proposals that
 ``kernels.verify_inputs`` finds in the row's own tokens (``TokenHistory``), through the

@@ -1,7 +1,7 @@
 """A step's token bitmasks, filled in the background: ``start_bitmask`` starts filling the
 constrained rows' masks in llguidance's threads (the GIL released) after the step's forward
 pass was queued; for a step scheduled ahead, as soon as the previous step's tokens reach the
-host, while the engine records those tokens and schedules the next step (``Engine.step``);
+host, while the engine records those tokens and schedules the next step (``RunAhead``);
 the sampler waits for the masks. Each matcher first consumes the request's output tokens it
 has not seen; a preempted request keeps its output tokens, so its matcher stays valid.
 Requests without a constraint cost nothing: no mask is built when no row has one.

@@ -7,17 +7,17 @@ import torch
 from infer.contract.sampling_params import SamplingParams
 from infer.engine.core import prompt_logprobs
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from infer.engine.core.step import ScheduledChunk, Step
 
 
 def _request(name: str, prompt: list[int], scored: int | None) -> Request:
     return Request(name, prompt, len(prompt), SamplingParams(prompt_logprobs=scored), seed=0)
 
 
-def _step(*chunks: ScheduledChunk) -> SchedulerOutput:
+def _step(*chunks: ScheduledChunk) -> Step:
     """A step as the scheduler builds it (it flags those with a scoring request)."""
     scores = any(c.request.prompt_logprobs is not None for c in chunks)
-    return SchedulerOutput(chunks=list(chunks), scores_prompts=scores)
+    return Step(chunks=list(chunks), scores_prompts=scores)
 
 
 def test_only_chunks_of_requests_that_ask_are_planned() -> None:

@@ -9,7 +9,8 @@ from infer.config import EngineConfig
 from infer.contract.errors import QueueFullError
 from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.engine.core.request import Request, RequestState
-from infer.engine.core.scheduler import Scheduler, SchedulerOutput, StepResult
+from infer.engine.core.scheduler import Scheduler
+from infer.engine.core.step import Step
 from infer.engine.speculative.speculation import NgramProposer, VerifyCosts
 
 
@@ -26,13 +27,24 @@ def _request(name: str, prompt_len: int) -> Request:
     return Request(name, list(range(prompt_len)), prompt_len, SamplingParams(), seed=0)
 
 
-def _run(scheduler: Scheduler, out: SchedulerOutput) -> None:
+def _collected(
+    step: Step,
+    tokens: list[int],
+    accepted: list[int] | None = None,
+    proposed: list[int] | None = None,
+) -> Step:
+    """Pretend the step ran and its samples (``tokens``) were collected."""
+    step.token_ids, step.logprobs = tokens, [None] * len(tokens)
+    step.accepted, step.num_proposals = accepted, proposed
+    return step
+
+
+def _run(scheduler: Scheduler, out: Step) -> None:
     """Pretend the step ran: every chunk that samples samples token 0."""
-    sampled = sum(c.samples for c in out.chunks)
-    scheduler.update(out, StepResult([0] * sampled, [None] * sampled))
+    scheduler.update(_collected(out, [0] * sum(c.samples for c in out.chunks)))
 
 
-def _names(out: SchedulerOutput) -> list[tuple[str, int]]:
+def _names(out: Step) -> list[tuple[str, int]]:
     return [(c.request.request_id, c.num_tokens) for c in out.chunks]
 
 
@@ -344,7 +356,7 @@ def test_a_preempted_request_keeps_its_block_keys(monkeypatch: pytest.MonkeyPatc
     assert starts and min(starts) >= 2  # its prompt blocks were never hashed again
 
 
-def _fed(out: SchedulerOutput) -> list[tuple[str, int]]:
+def _fed(out: Step) -> list[tuple[str, int]]:
     """The rows fed from the step in flight: (request, its row among that step's samples)."""
     return [(out.chunks[row].request.request_id, sample) for row, sample in out.fed_rows]
 
@@ -406,7 +418,7 @@ def _decoding(scheduler: Scheduler, prompt: list[int], **params: object) -> Requ
     request = Request("A", list(prompt[:-1]), len(prompt) - 1, SamplingParams(**params), seed=0)  # type: ignore[arg-type]
     scheduler.add_request(request)
     prefill = scheduler.schedule()
-    scheduler.update(prefill, StepResult([prompt[-1]], [None]))
+    scheduler.update(_collected(prefill, [prompt[-1]]))
     return request
 
 
@@ -427,7 +439,7 @@ def test_update_keeps_the_agreeing_samples_and_rewinds_the_cache_over_the_rest()
     request = _decoding(scheduler, REPEATING)
     out = scheduler.schedule()
     # Samples after 5, 6, 7, 8: 6 agrees with the first proposal, 1 not with the second.
-    (new,) = scheduler.update(out, StepResult([6, 1, 2, 3], [None] * 4))
+    (new,) = scheduler.update(_collected(out, [6, 1, 2, 3]))
     assert new.token_ids == [6, 1] and request.output_token_ids == [5, 6, 1]
     assert pool.get_seq_len(request.seq_id) == 12  # type: ignore[arg-type]
     assert len(pool.block_table(request.seq_id)) == 3  # type: ignore[arg-type]
@@ -444,7 +456,7 @@ def test_every_proposal_accepted_yields_one_token_more_than_proposed() -> None:
     scheduler = _speculating(_pool(100, block_size=4))
     request = _decoding(scheduler, REPEATING)
     out = scheduler.schedule()
-    (new,) = scheduler.update(out, StepResult([6, 7, 8, 9], [None] * 4))
+    (new,) = scheduler.update(_collected(out, [6, 7, 8, 9]))
     assert new.token_ids == [6, 7, 8, 9]
     assert scheduler.pool.get_seq_len(request.seq_id) == 14  # type: ignore[arg-type]
 
@@ -453,7 +465,7 @@ def test_a_stop_token_among_the_accepted_samples_ends_the_request_there() -> Non
     scheduler = _speculating(_pool(100, block_size=4))
     request = _decoding(scheduler, REPEATING, stop_token_ids=[7])
     out = scheduler.schedule()
-    (new,) = scheduler.update(out, StepResult([6, 7, 8, 9], [None] * 4))
+    (new,) = scheduler.update(_collected(out, [6, 7, 8, 9]))
     assert new.token_ids == [6, 7] and request.finish_reason == "stop"
     scheduler.schedule()  # retires it
     assert scheduler.pool.used_blocks() == 0
@@ -504,11 +516,10 @@ def _verifying(pool: PagedKVCachePool, max_seq_len: int = 4096) -> Scheduler:
 
 
 def _verified(
-    out: SchedulerOutput, samples: list[list[int]], accepted: list[int], proposed: list[int]
-) -> StepResult:
-    """A verify step's result: ``Q`` samples a row, its accepted and proposed counts."""
-    tokens = [t for row in samples for t in row]
-    return StepResult(tokens, [None] * len(tokens), accepted, proposed)
+    out: Step, samples: list[list[int]], accepted: list[int], proposed: list[int]
+) -> Step:
+    """A verify step collected: ``Q`` samples a row, its accepted and proposed counts."""
+    return _collected(out, [t for row in samples for t in row], accepted, proposed)
 
 
 def test_a_decoding_batch_verifies_device_proposals_in_rows_of_q_tokens() -> None:
@@ -528,7 +539,7 @@ def test_update_keeps_the_accepted_samples_and_rewinds_the_rest() -> None:
     scheduler = _verifying(pool)
     request = _decoding(scheduler, REPEATING)
     out = scheduler.schedule()
-    (new,) = scheduler.update(out, _verified(out, [[6, 7, 1, 2]], [2], [3]))
+    (new,) = scheduler.update(_verified(out, [[6, 7, 1, 2]], [2], [3]))
     assert new.token_ids == [6, 7, 1] and request.output_token_ids == [5, 6, 7, 1]
     assert pool.get_seq_len(request.seq_id) == 13  # type: ignore[arg-type]
     assert request.num_placeholders == 0 and pool.audit_blocks() == []
@@ -546,12 +557,12 @@ def test_verify_steps_are_scheduled_ahead_and_learn_where_they_start_from_the_on
     (chunk,) = second.chunks
     assert chunk.start == 11  # as if the first kept one token: the device adds the rest
     assert pool.get_seq_len(request.seq_id) == 10 + 2 * Q  # type: ignore[arg-type]
-    scheduler.update(first, _verified(first, [[6, 7, 8, 3]], [2], [3]))
+    scheduler.update(_verified(first, [[6, 7, 8, 3]], [2], [3]))
     assert chunk.start == 13 and request.num_tokens == 14
     assert pool.get_seq_len(request.seq_id) == 13 + Q  # type: ignore[arg-type]
     third = scheduler.schedule_ahead(second)
     assert third is not None and third.chunks[0].start == 14
-    scheduler.update(second, _verified(second, [[9, 4, 4, 4]], [0], [2]))
+    scheduler.update(_verified(second, [[9, 4, 4, 4]], [0], [2]))
     assert third.chunks[0].start == 14 and request.output_token_ids == [5, 6, 7, 8, 9]
     assert pool.get_seq_len(request.seq_id) == 14 + Q  # type: ignore[arg-type]
 
@@ -579,7 +590,7 @@ def test_after_a_verify_step_a_plain_one_waits_for_the_host() -> None:
     out = scheduler.schedule()
     scheduler.gate.limits = lambda requests, cost: [0] * len(requests)  # type: ignore[union-attr,method-assign]
     assert scheduler.schedule_ahead(out) is None
-    scheduler.update(out, _verified(out, [[6, 1, 2, 3]], [1], [3]))
+    scheduler.update(_verified(out, [[6, 1, 2, 3]], [1], [3]))
     plain = scheduler.schedule()
     assert _names(plain) == [("A", 1)] and plain.chunks[0].start == request.num_tokens - 1
 

@@ -8,7 +8,7 @@ from infer.cache import PagedKVCachePool
 from infer.config import EngineConfig
 from infer.contract.sampling_params import SamplingParams
 from infer.engine.core.request import Request
-from infer.engine.core.scheduler import Scheduler, StepResult
+from infer.engine.core.scheduler import Scheduler
 from infer.engine.core.watch import EngineWatch, mean_itl
 
 
@@ -37,7 +37,8 @@ def _step(scheduler: Scheduler, watch: EngineWatch, clock: Clock) -> None:
     clock.now += 0.5
     watch.launched(out, graphed=False)
     sampled = sum(c.samples for c in out.chunks)
-    scheduler.update(out, StepResult([0] * sampled, [None] * sampled))
+    out.token_ids, out.logprobs = [0] * sampled, [None] * sampled
+    scheduler.update(out)
     watch.stepped()
 
 

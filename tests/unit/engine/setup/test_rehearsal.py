@@ -42,7 +42,8 @@ def test_every_part_runs_and_nothing_of_it_stays(llama: str) -> None:
     assert stats["total_allocations"] == stats["prefix_queries"] == stats["cached_blocks"] == 0
     assert engine.add_request([5, 6, 7], SamplingParams(max_tokens=1)) == "0"
     # The pacer that timed the rehearsal's steps (on a GPU) paces the first requests.
-    assert engine.pacer is not None and engine.pipeline.pacer is engine.pacer
+    assert engine.ahead is not None
+    assert engine.pacer is not None and engine.ahead.pacer is engine.pacer
 
 
 def test_a_warmed_engine_samples_what_a_cold_one_does(
@@ -78,13 +79,13 @@ def test_repeating_prompts_get_speculative_proposals(
     monkeypatch.setattr(rehearsal, "drain", drain_and_count)
     # Through the verify path with proposals made on the device (``verify_step``).
     queries = []
-    forward_verify = ModelRunner._forward_verify
+    launch_verify = ModelRunner._launch_verify
 
-    def count_verify_steps(runner: ModelRunner, scheduled: Any, previous: Any) -> Any:
-        queries.append(scheduled.verify_queries)
-        return forward_verify(runner, scheduled, previous)
+    def count_verify_steps(runner: ModelRunner, step: Any, previous: Any) -> Any:
+        queries.append(step.verify_queries)
+        return launch_verify(runner, step, previous)
 
-    monkeypatch.setattr(ModelRunner, "_forward_verify", count_verify_steps)
+    monkeypatch.setattr(ModelRunner, "_launch_verify", count_verify_steps)
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
     engine = Engine(
         EngineConfig(model=llama, use_warm_up=True, speculative_config=spec, **OPTIONS)  # type: ignore[arg-type]

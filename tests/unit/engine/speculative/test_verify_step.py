@@ -104,8 +104,9 @@ def test_verify_steps_run_ahead_and_the_history_holds_each_sequences_tokens(
     ahead = checked = 0
     while engine.has_unfinished_requests():
         engine.step()
-        in_flight = engine.pipeline.uncollected
-        ahead += in_flight is not None and in_flight.scheduled.verify_queries > 0
+        assert engine.ahead is not None
+        in_flight = engine.ahead.in_flight
+        ahead += in_flight is not None and in_flight.verify_queries > 0
         if engine.scheduler.running:
             request = engine.scheduler.running[0]
             table = engine.pool.block_table(request.seq_id)
