@@ -79,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="most requests in the server at once, being served or queued (counted once "
         "they have arrived whole; /health and /metrics aside); one beyond them gets a 503 "
-        "(default: max_batch_size + max_waiting_requests + 256)",
+        "(default: max_batch_size + max_waiting_requests per replica, + 256)",
     )
     http.add_argument(
         "--header-timeout",
@@ -126,9 +126,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--api-server-count",
         type=int,
         default=1,
-        help="API processes sharing the HTTP work of the one engine: parsing, tokenizing, "
+        help="API processes sharing the HTTP work of the engine: parsing, tokenizing, "
         "streaming (default: 1; on a 16-core H100 host more did not serve a 256-request "
         "burst faster, see benchmarks/results-by-topic/02-serving.md, 2.2)",
+    )
+    http.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engine replicas on this host, each on its own GPUs (tensor_parallel_size of "
+        "them; on the CPU, its share of the cores), behind the same port; each request goes "
+        "to the one caching the longest prefix of its prompt, unless that one is loaded well "
+        "beyond the others (default: 1)",
     )
     http.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     limits = parser.add_argument_group("request limits (each a 400 naming the field)")
@@ -233,6 +243,7 @@ def _serve(args: argparse.Namespace) -> int:
         limit_pending_connections=args.limit_pending_connections,
         limit_pending_per_client=args.limit_pending_per_client,
         api_server_count=args.api_server_count,
+        data_parallel_size=args.data_parallel_size,
         chat=ChatOptions(reasoning_parser(args.reasoning_parser), args.trust_request_chat_template),
         limits=RequestLimits(**{name: getattr(args, name) for name in vars(DEFAULT_LIMITS)}),
         grammar_workers=args.grammar_workers,

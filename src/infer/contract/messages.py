@@ -31,6 +31,7 @@ class EngineInfo:
     vocab_size: int
     tokenizer_path: str | None
     eos_token_ids: tuple[int, ...]
+    device_type: str | None = None  # where it runs: "cuda" or "cpu" (None: not said)
 
 
 @dataclass(frozen=True)

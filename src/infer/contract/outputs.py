@@ -35,3 +35,4 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked for and finished
     ttft_s: float | None = None  # arrival → first token
     token_times_s: list[float] = field(default_factory=list)  # arrival → each token
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -1,9 +1,10 @@
-"""The pipes between the API processes and the engine process.
+"""The pipes between the API processes and the engine processes.
 
-Each API process has a pair of its own: commands go one way, events the other. The engine
-process reads the commands of all of them and sends each the events of its own requests,
-so API processes never talk to each other. Pair 0 belongs to the process that started the
-engine; the others to the API workers it spawned (``server/bridge/api_workers.py``).
+Each API process has a pair of its own to each engine process (one per data-parallel
+replica): commands go one way, events the other. An engine process reads the commands of
+all of them and sends each the events of its own requests, so API processes never talk to
+each other. Pair 0 belongs to the process that started the engines; the others to the API
+workers it spawned (``server/bridge/api_workers.py``).
 """
 
 from __future__ import annotations
@@ -53,3 +54,14 @@ def single_link() -> EngineLink:
     """The link of the only API process: it starts the engine with one pair of pipes."""
     api_ends, engine_ends = engine_pipes(1)
     return EngineLink(api_ends[0], engine_ends)
+
+
+def replica_links(replicas: int, api_processes: int) -> list[list[EngineLink]]:
+    """Every API process's links to every replica's engine: ``[process][replica]``. The
+    first process's links hold the engines' ends (it starts them)."""
+    pipes = [engine_pipes(api_processes) for _ in range(replicas)]
+    return [
+        [EngineLink(api_ends[process], engine_ends if process == 0 else None)
+         for api_ends, engine_ends in pipes]
+        for process in range(api_processes)
+    ]  # fmt: skip

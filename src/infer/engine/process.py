@@ -1,5 +1,5 @@
 """The engine's own process: it owns the ``Engine`` and loops over commands and steps. The
-API process starts it by module path (``server/bridge/engine_client.py``), so that it never
+API process starts it by module path (``server/bridge/replica.py``), so that it never
 imports the engine itself.
 
 The server's event loop and the engine's per-step Python work would fight over one GIL if
@@ -22,6 +22,11 @@ every queued command, then one ``engine.step()``. While nothing runs it blocks o
 command pipes. Signals are ignored here: the API process that started the engine decides
 when to stop, and the engine exits when told to or when that process's end of the pipe
 closes. When an API worker's pipe closes, its requests are aborted and the rest go on.
+
+One of several data-parallel replicas (``serve --data-parallel-size``) is such a process
+too, placed by the API process (``contract/placement.py``): its environment was set before
+torch was loaded; here its tensor-parallel group gets its own port, and it fails at once,
+saying why, when the GPUs it was given are not there.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
 from typing import Any, Protocol
+
+import torch
 
 from infer.config import EngineConfig
 from infer.contract.messages import (
@@ -59,6 +66,7 @@ from infer.contract.messages import (
 )
 from infer.contract.outputs import RequestOutput
 from infer.contract.pipes import PipeEnds
+from infer.contract.placement import ReplicaPlacement
 from infer.contract.prompts import Prompt
 from infer.contract.sampling_params import SamplingParams
 from infer.contract.speculation_stats import SpeculationStats
@@ -137,18 +145,38 @@ def load_engine(config: EngineConfig) -> tuple[ServedEngine, EngineInfo]:
         vocab_size=engine.model_config.vocab_size,
         tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
         eos_token_ids=tuple(engine.model_config.eos_token_ids),
+        device_type=config.resolved_device.type,
     )
     return engine, info
+
+
+def placed_config(config: EngineConfig, placement: ReplicaPlacement) -> EngineConfig:
+    """``config`` for one replica: its tensor-parallel group's port; ``ValueError`` when
+    fewer GPUs are visible to it than its ranks need."""
+    if placement.master_port is not None:
+        config = replace(config, master_port=placement.master_port)
+    if placement.gpus is not None and config.resolved_device.type == "cuda":
+        visible = torch.cuda.device_count()
+        needed = config.tensor_parallel_size
+        if visible < needed:
+            gpus = ",".join(placement.gpus) or "none"
+            raise ValueError(
+                f"data_parallel_size: {placement.describe()} runs on GPUs {gpus} (its "
+                f"tensor_parallel_size of those visible, after the replicas before it), but "
+                f"{visible} of them {'is' if visible == 1 else 'are'} there"
+            )
+    return config
 
 
 def run_engine(
     config: EngineConfig,
     links: Sequence[PipeEnds],
     engine_factory: EngineFactory | None = None,
+    placement: ReplicaPlacement | None = None,
 ) -> None:
     """Entry point of the engine process: ``links`` are its ends of each API process's
     pipes, the first of the process that started it; ``engine_factory`` builds the engine
-    (None: ``load_engine``).
+    (None: ``load_engine``); ``placement``: where it runs, as one replica of several.
 
     The process ends as soon as this returns, once its events are sent and the engine is
     closed (its tensor-parallel workers stopped): tearing down an interpreter with torch
@@ -156,7 +184,7 @@ def run_engine(
     (``benchmarks/results-by-topic/09-reliability.md``, 9.4)."""
     code = 1  # an exception escaped (its traceback is printed)
     try:
-        _run_engine(config, links, engine_factory or load_engine)
+        _run_engine(config, links, engine_factory or load_engine, placement)
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -167,14 +195,20 @@ def run_engine(
 
 
 def _run_engine(
-    config: EngineConfig, links: Sequence[PipeEnds], engine_factory: EngineFactory
+    config: EngineConfig,
+    links: Sequence[PipeEnds],
+    engine_factory: EngineFactory,
+    placement: ReplicaPlacement | None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    who = "" if placement is None else f"[replica {placement.index}] "
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s {who}%(name)s: %(message)s")
     apis = [_ApiLink(ends) for ends in links]
     try:
         try:
+            if placement is not None:
+                config = placed_config(config, placement)
             engine, info = engine_factory(config)
         except Exception as exc:
             logger.exception("the engine could not start")

@@ -29,7 +29,8 @@ from infer.contract.messages import (
 )
 from infer.contract.outputs import RequestOutput, TokenLogprob
 from infer.contract.pipes import PipeEnds, engine_pipes
-from infer.engine.process import _ApiLink, _EngineLoop, run_engine
+from infer.contract.placement import ReplicaPlacement
+from infer.engine.process import _ApiLink, _EngineLoop, placed_config, run_engine
 from infer.engine.standin import TOKEN_TEXT, standin_engine
 from infer.heap import IdleCollections
 
@@ -200,3 +201,18 @@ def test_a_call_while_requests_run_is_answered_after_the_step() -> None:
         assert isinstance(answer, CallResult) and answer.call_id == 3
     finally:
         api.outbox.close()
+
+
+def test_a_replica_meets_its_group_on_its_port_and_fails_without_its_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu = EngineConfig(model="smollm2-135m", device="cpu", tensor_parallel_size=2)
+    placed = placed_config(cpu, ReplicaPlacement(1, 2, None, 1, 29601))
+    assert placed.master_port == 29601 and placed.tensor_parallel_size == 2
+    monkeypatch.setattr("infer.config._cuda_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    cuda = EngineConfig(model="smollm2-135m", device="cuda", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"^data_parallel_size: replica 1 of 2 runs on GPUs 6,7"):
+        placed_config(cuda, ReplicaPlacement(1, 2, ("6", "7"), None, 29601))
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    assert placed_config(cuda, ReplicaPlacement(1, 2, ("6", "7"), None, None)) == cuda

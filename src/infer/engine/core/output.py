@@ -76,4 +76,5 @@ def request_output(
         prompt_logprobs=request.prompt_logprobs if done else None,
         ttft_s=None if request.first_token_time is None else request.first_token_time - start,
         token_times_s=[t - start for t in request.token_times] if done else [],
+        num_cached_tokens=min(request.num_cached_tokens, request.num_prompt_tokens),
     )

@@ -1,4 +1,5 @@
-"""API processes beyond the first: several event loops share the HTTP work of one engine.
+"""API processes beyond the first: several event loops share the HTTP work of the engine
+(each of its data-parallel replicas).
 
 One event loop parses, validates and streams every request in turn, so where its host is
 slow or its requests heavy, it can fall behind the engine. (On a 16-core H100 host it kept
@@ -8,8 +9,8 @@ one unless told.)
 
 API workers are whole API processes (the same app, its own tokenizer thread), each
 accepting on the one listening socket that the first process (the one that started the
-engine) bound and handed over: the port is the server's alone (``launch._bind``). Each
-worker talks to the engine over pipes of its own (``contract/pipes.py``); the counts of
+engines) bound and handed over: the port is the server's alone (``launch._bind``). Each
+worker talks to every engine over pipes of its own (``contract/pipes.py``); the counts of
 unfinished sequences and of requests are shared (``guards/in_flight.py``), so the server's
 capacity and ``--limit-concurrency`` stay one bound each.
 
@@ -31,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from infer.config import EngineConfig
-from infer.contract.pipes import PipeEnds
+from infer.contract.pipes import EngineLink
 from infer.server.guards.connections import ConnectionLimits
 from infer.server.guards.in_flight import InFlight
 from infer.server.guards.request_limits import RequestLimits
@@ -76,7 +77,7 @@ class WorkerSpec:
     engine_config: EngineConfig
     http: HttpSettings
     listener: socket.socket  # the server's, inherited
-    pipes: PipeEnds
+    links: list[EngineLink]  # to each replica's engine
     in_flight: InFlight  # sequences
     requests: InFlight  # requests in the server (``guards/concurrency.py``)
     ready: Any  # a shared ``RawValue`` flag, set to 1 once the worker serves
@@ -108,7 +109,8 @@ class ApiWorkers:
                 target=self._main, args=(spec,), name=f"infer-api-{spec.index}", daemon=True
             )
             process.start()
-            spec.pipes.close()  # the worker's: closed here, so its end reads as EOF if it dies
+            for link in spec.links:  # the worker's: closed here, so they read as EOF if it dies
+                link.api.close()
             self._processes.append(process)
 
     async def wait_ready(self) -> None:

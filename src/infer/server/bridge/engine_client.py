@@ -1,56 +1,55 @@
 """The API process's side of the engine: submit work, read each request's outputs.
 
-The engine runs in its own process (``engine/process.py``). Commands go to it through a
-sender thread (so the event loop never blocks on a full pipe) and a reader thread hands
-every step's outputs to the event loop in one ``call_soon_threadsafe``. Requests added
-or aborted during one turn of the event loop go to the engine as one message. The HTTP side
-never waits for the engine to accept work: it decides backpressure from its own count of
-unfinished sequences, then only enqueues. Text prompts are tokenized in batches off the
-event loop (``PromptBatcher``) and checked there, so bad input never reaches the engine;
-the requests they belong to are sent to the engine from there too (``reserve``, then
-``start_job`` from the tokenizer thread), without waiting for the event loop.
+The engine runs in its own process (``engine/process.py``), reached through a pair of pipes
+and two threads (``replica.py``). Requests added or aborted during one turn of the event
+loop go to the engine as one message. The HTTP side never waits for the engine to accept
+work: it decides backpressure from its own count of unfinished sequences, then only
+enqueues. Text prompts are tokenized in batches off the event loop (``PromptBatcher``) and
+checked there, so bad input never reaches the engine; the requests they belong to are sent
+to the engine from there too (``reserve``, then ``start_job`` from the tokenizer thread),
+without waiting for the event loop.
+
+With several data-parallel replicas (``serve --data-parallel-size``) each sequence goes to
+the one the cache-aware routing policy (``infer.routing``) picks from its prompt's token
+ids: the replica that was sent its longest prefix, unless that one is loaded well beyond
+the others (the requests each runs or queues, its KV use, from its step counters). A
+replica that fails leaves rotation; its sequences end with a 503, the others go on, and
+the server stops only once none is left. Every API process routes on its own: each reaches
+every replica, and a shared prefix may then be cached once per replica per API process at
+most.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import itertools
 import logging
-import multiprocessing
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infer.config import EngineConfig
 from infer.contract.errors import QueueFullError
 from infer.contract.messages import (
-    Abort,
-    AddRequests,
     Call,
     CallResult,
-    Command,
-    EngineFailed,
     EngineInfo,
     EngineSnapshot,
-    NewRequest,
     Progress,
-    Ready,
     StepEvents,
-    Stop,
 )
 from infer.contract.outputs import RequestOutput, TokenLogprob
-from infer.contract.pipes import EngineLink, PipeEnds, single_link
+from infer.contract.pipes import EngineLink, single_link
 from infer.contract.prompts import Prompt, PromptEncoder
 from infer.contract.sampling_params import SamplingParams
 from infer.heap import IdleCollections
+from infer.routing import DEFAULT_ROUTING, CacheAwarePolicy, NoWorkerError, RoutingSettings
+from infer.server.bridge.placement import place_replicas
+from infer.server.bridge.replica import EngineReplica
+from infer.server.bridge.replica_totals import ReplicaReport, total_snapshot
 from infer.server.guards.in_flight import InFlight
 from infer.server.http.prompt_batcher import CHAT, PLAIN, OnEncoded, PromptBatcher, PromptOptions
 from infer.tokenizer import Message, Tokenizer
@@ -61,12 +60,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Sequences = Sequence[tuple[list[int], SamplingParams]]
-STOP_TIMEOUT_S = 60.0
 WARM_UP_TEXT = "Ready means warm."  # what the tokenizer encodes once at start
 ENGINE_FAILED = "the engine failed"
-# The engine process's main, named, not imported: the API process never loads the engine
-# (torch, the model's code); the engine process imports it (``_engine_main``).
-ENGINE_MAIN = "infer.engine.process"
+NOT_STARTED = -1  # ``Job.replicas`` of a sequence not sent yet
 
 
 class EngineStoppedError(RuntimeError):
@@ -125,10 +121,14 @@ class Job:
     finish_reasons: list[str | None] = field(default_factory=list)
     started: bool = False  # its sequences went to the engine
     closed: bool = False
+    replicas: list[int] = field(default_factory=list)  # per sequence (``NOT_STARTED``)
 
     def __post_init__(self) -> None:
+        count = len(self.request_ids)
         self.token_times = [[] for _ in self.request_ids]
-        self.finish_reasons = [None] * len(self.request_ids)
+        self.finish_reasons = [None] * count
+        self.replicas = [NOT_STARTED] * count
+        self.running: set[int] = set()  # sent to a replica, not finished there
         self._unfinished = set(range(len(self.request_ids)))
         self._ready: dict[int, ChoiceUpdate] = {}
         self._error: BaseException | None = None
@@ -212,29 +212,36 @@ class Job:
 
 
 class EngineClient:
-    """Starts the engine process for ``config`` (or, in an API worker, reaches the one
-    running); ``submit`` work, iterate the ``Job``."""
+    """Starts the engine process for ``config``, or one per data-parallel replica (or, in an
+    API worker, reaches those running); ``submit`` work, iterate the ``Job``."""
 
     def __init__(
         self,
         config: EngineConfig,
         request_timeout: float | None = None,
         engine_factory: EngineFactory | None = None,
-        link: EngineLink | None = None,
+        links: Sequence[EngineLink] | None = None,
         in_flight: InFlight | None = None,
+        routing: RoutingSettings = DEFAULT_ROUTING,
     ) -> None:
-        """``link``: the pipes to the engine (default: this process starts the engine, as
-        the only API process); ``in_flight``: the count of unfinished sequences that this
-        process shares with the server's other API processes, if any."""
+        """``links``: the pipes to each replica's engine (default: this process starts one
+        engine, as the only API process); ``in_flight``: the count of unfinished sequences
+        that this process shares with the server's other API processes, if any;
+        ``routing``: the routing policy's thresholds, with several replicas (its block
+        size is the engine's)."""
         if request_timeout is not None and request_timeout <= 0:
             raise ValueError(f"request_timeout: must be > 0 seconds, got {request_timeout}")
+        if links is not None and not links:
+            raise ValueError("links: give at least one engine's")
         self.config = config
         self.request_timeout = request_timeout
         self.engine_factory = engine_factory
-        self.capacity = config.max_batch_size + config.max_waiting_requests
-        self.snapshot = EngineSnapshot()
-        self.error: str | None = None  # why the engine stopped serving, if it failed
-        # Told why, once, if the engine fails while serving (the launcher exits then).
+        self._links = None if links is None else list(links)
+        self._replica_capacity = config.max_batch_size + config.max_waiting_requests
+        self.replicas: list[EngineReplica] = []
+        self.error: str | None = None  # why the engine stopped serving (every replica)
+        # Told why, once, if the engine fails while serving (the launcher exits then); with
+        # several replicas, once the last one failed.
         self.on_failure: Callable[[str], None] | None = None
         self.accepting = False
         self._info: EngineInfo | None = None
@@ -243,30 +250,28 @@ class EngineClient:
         # Full collections wait for a step after which no request is left (set by the app
         # once its start-up heap is frozen).
         self.collections: IdleCollections | None = None
-        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._calls: dict[int, tuple[asyncio.Future[Any], EngineReplica]] = {}
         self._call_ids = itertools.count()
         self._in_flight = in_flight or InFlight()
-        self._link = link
-        self._attached = link is not None and link.engine is None  # an API worker
-        self._link_open = False
+        self._policy: CacheAwarePolicy | None = None
+        if self.num_replicas > 1:
+            self._policy = CacheAwarePolicy(replace(routing, tokens_per_block=config.block_size))
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Future[EngineInfo] | None = None
-        self._process: BaseProcess | None = None
-        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
-        # Not sent yet: one message per event-loop turn or tokenizer batch (``flush``).
-        self._adds: list[NewRequest] = []
-        self._aborts: list[str] = []
+        self._ready: dict[int, asyncio.Future[EngineInfo]] = {}
         self._flush_scheduled = False
-        self._threads: list[threading.Thread] = []
         self._batcher: PromptBatcher | None = None
         self._loop_thread: int | None = None
-        self._queue_lock = threading.Lock()  # of ``_adds`` and ``_aborts``
+        self._queue_lock = threading.Lock()  # of the replicas' queues and routing
 
     # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def num_replicas(self) -> int:
+        return 1 if self._links is None else len(self._links)
+
     async def start(self) -> None:
-        """Start the engine process and wait until its model is loaded (``RuntimeError``
-        saying why when it cannot start)."""
+        """Start the engine processes and wait until each has loaded its model
+        (``RuntimeError`` saying why when one cannot start)."""
         try:
             await self._start()
         except BaseException:
@@ -276,28 +281,22 @@ class EngineClient:
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._ready = self._loop.create_future()
-        link = self._link or single_link()
-        if link.engine is not None:
-            context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-            self._process = context.Process(
-                target=_engine_main,
-                args=(self.config, link.engine, self.engine_factory),
-                name="infer-engine",
-                daemon=True,
-            )
-            self._process.start()
-            for ends in link.engine:  # the child's: closed here, so a dead child reads as EOF
-                ends.close()
-        self._link_open = True
-        self._threads = [
-            threading.Thread(target=self._send, args=(link.api.commands,), name="infer-send"),
-            threading.Thread(target=self._receive, args=(link.api.events,), name="infer-receive"),
-        ]
-        for thread in self._threads:
-            thread.daemon = True
-            thread.start()
-        self._info = await self._ready
+        links = self._links or [single_link()]
+        placements = None
+        if links[0].engine is not None:  # this process starts the engines
+            placements = place_replicas(len(links), self.config)
+        for index, link in enumerate(links):
+            replica = EngineReplica(index, link, self)
+            self._ready[index] = self._loop.create_future()
+            self.replicas.append(replica)
+            if self._policy is not None:
+                self._policy.add_worker(replica.name)
+        for replica in self.replicas:
+            placement = None if placements is None else placements[replica.index]
+            replica.start(self.config, self.engine_factory, placement)
+        infos = await asyncio.gather(*self._ready.values())
+        self._info = infos[0]
+        _check_same_device(infos)
         self._prompts = await asyncio.to_thread(prompt_encoder, self._info)
         if self._prompts.tokenizer is not None:
             self._batcher = PromptBatcher(
@@ -317,39 +316,51 @@ class EngineClient:
         self._fail_all(EngineStoppedError("the server is shutting down"))
 
     async def stop(self) -> None:
-        """Abort everything, let the engine free its cache, and wait for its process."""
+        """Abort everything, let the engines free their caches, and wait for their
+        processes."""
         self.accepting = False
         self._stopping = True
         self._fail_all(EngineStoppedError("the server is shutting down"))
-        if self._attached and self._link_open:  # the engine forgets us once our pipe closes
-            self._outbox.put(None)
-            for thread in self._threads:
-                await asyncio.to_thread(thread.join, STOP_TIMEOUT_S)
-            self._link_open = False
-        process = self._process
-        if process is not None:
-            self._outbox.put(Stop())
-            self._outbox.put(None)  # ends the sender thread
-            await asyncio.to_thread(process.join, STOP_TIMEOUT_S)
-            if process.is_alive():
-                logger.warning("the engine process did not stop; killing it")
-                process.kill()
-                await asyncio.to_thread(process.join)
-            for thread in self._threads:
-                await asyncio.to_thread(thread.join)
-            self._process = None
+        for replica in self.replicas:
+            replica.stopping = True
+        await asyncio.gather(*(replica.stop() for replica in self.replicas))
         if self._batcher is not None:
             await asyncio.to_thread(self._batcher.close)
             self._batcher = None
 
     @property
     def is_healthy(self) -> bool:
-        if self.error is not None:
-            return False
-        if self._attached:
-            return self._link_open and not self._stopping
-        process = self._process
-        return process is not None and process.is_alive()
+        """Whether any replica serves."""
+        return self.error is None and any(replica.healthy for replica in self.replicas)
+
+    @property
+    def capacity(self) -> int:
+        """Sequences the server holds: ``max_batch_size + max_waiting_requests`` per replica
+        in rotation."""
+        serving = sum(replica.error is None for replica in self.replicas) or self.num_replicas
+        return self._replica_capacity * serving
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engines' counters after their latest steps, every replica's together."""
+        return total_snapshot([replica.snapshot for replica in self.replicas])
+
+    def replica_reports(self) -> list[ReplicaReport]:
+        """Each replica's state, counters and requests routed there (by this process)."""
+        routed = {} if self._policy is None else {w.name: w for w in self._policy.workers()}
+        reports = []
+        for replica in self.replicas:
+            worker = routed.get(replica.name)
+            reports.append(
+                ReplicaReport(
+                    replica.index,
+                    replica.error,
+                    replica.snapshot,
+                    routed=0 if worker is None else worker.routed,
+                    routed_by_prefix=0 if worker is None else worker.routed_by_prefix,
+                )
+            )
+        return reports
 
     @property
     def outstanding(self) -> int:
@@ -399,15 +410,14 @@ class EngineClient:
     def reserve(self, job_id: str, count: int) -> Job:
         """A job for ``count`` sequences, counted against the capacity at once, its
         sequences given later (``start_job``); or raise at once: ``QueueFullError`` when the
-        server holds ``max_batch_size + max_waiting_requests`` unfinished sequences,
-        ``EngineStoppedError`` when it is not serving."""
+        server holds ``capacity`` unfinished sequences, ``EngineStoppedError`` when it is not
+        serving."""
         self._check_serving()
-        if count > self.capacity:
-            raise ValueError(
-                f"n: {count} sequences exceed what the server can hold ({self.capacity})"
-            )
+        capacity = self.capacity
+        if count > capacity:
+            raise ValueError(f"n: {count} sequences exceed what the server can hold ({capacity})")
         in_flight = self._in_flight.total
-        if in_flight + count > self.capacity:
+        if in_flight + count > capacity:
             raise QueueFullError(f"the server is at capacity ({in_flight} sequences in flight)")
         assert self._loop is not None
         timeout = self.request_timeout
@@ -419,20 +429,42 @@ class EngineClient:
         return job
 
     def start_job(self, job: Job, sequences: Sequences) -> None:
-        """Queue a reserved job's sequences for the engine, unless it was closed meanwhile.
+        """Queue a reserved job's sequences for the engine (each for the replica the routing
+        policy picks), unless it was closed meanwhile.
 
         Safe from any thread: the tokenizer thread starts the jobs it encoded, and sends
         each batch's in one message (``flush``); on the event loop, the jobs started during
         one turn go as one message."""
         assert len(sequences) == len(job.request_ids), "one sequence per reserved request id"
-        adds = [(rid, ids, params) for rid, (ids, params) in zip(job.request_ids, sequences)]
-        with self._queue_lock:  # against ``release``: queued before it, or not at all
+        lost: str | None = None
+        with self._queue_lock:  # against ``release`` and failures: queued before, or not
             if job.closed:
                 return
             job.started = True
-            self._adds += adds
+            for index, (request_id, (ids, params)) in enumerate(zip(job.request_ids, sequences)):
+                try:
+                    replica = self._route(job, index, ids)
+                except NoWorkerError as exc:
+                    lost = str(exc)
+                    break
+                replica.adds.append((request_id, ids, params))
+                if replica.error is not None:  # chosen just before its failure was noted
+                    lost = f"replica {replica.index}: {replica.error}"
+        if lost is not None:
+            self._post(job.fail, EngineStoppedError(f"{ENGINE_FAILED}: {lost}"))
         if threading.get_ident() == self._loop_thread:
             self._schedule_flush()
+
+    def _route(self, job: Job, index: int, ids: list[int]) -> EngineReplica:
+        """The replica for sequence ``index`` of ``job``, counted running there (under the
+        queue lock)."""
+        if self._policy is None:
+            replica = self.replicas[0]
+        else:
+            replica = self.replicas[int(self._policy.choose(ids).worker)]
+        job.replicas[index] = replica.index
+        job.running.add(index)
+        return replica
 
     def submit(self, job_id: str, sequences: Sequences) -> Job:
         """``reserve`` and ``start_job`` in one (token ids, already checked)."""
@@ -444,22 +476,50 @@ class EngineClient:
         """Forget a job; abort its unfinished sequences (the engine frees their blocks)."""
         with self._queue_lock:
             job.closed = True
-            if job.started and (unfinished := job.unfinished_request_ids):
-                self._aborts += unfinished
+            for index in job.running:
+                replica = self.replicas[job.replicas[index]]
+                if replica.error is None:  # a failed one has forgotten them
+                    replica.aborts.append(job.request_ids[index])
+                if self._policy is not None:
+                    self._policy.finish(replica.name)
+            if job.running:
+                job.running.clear()
                 self._schedule_flush()
         for request_id in job.request_ids:
             self._jobs.pop(request_id, None)
         self._in_flight.add(-len(job.request_ids))
 
-    async def call(self, name: str) -> Any:
-        """Call the engine's method ``name`` (e.g. ``cache_stats``) between two steps."""
+    async def call_each(self, name: str) -> list[Any | None]:
+        """``call`` in every replica at once; None for each that failed."""
+
+        async def one(replica: EngineReplica) -> Any | None:
+            if replica.error is not None:
+                return None
+            try:
+                return await self.call(name, replica.index)
+            except EngineStoppedError:
+                if replica.error is None:  # the server stops: no partial answer
+                    raise
+                return None
+
+        return list(await asyncio.gather(*(one(replica) for replica in self.replicas)))
+
+    async def call(self, name: str, replica: int | None = None) -> Any:
+        """Call the engine's method ``name`` (e.g. ``cache_stats``) between two steps, in
+        replica ``replica`` (None: the first that serves)."""
         self._check_serving(accepting=False)
         assert self._loop is not None
+        if replica is None:
+            target = next(r for r in self.replicas if r.error is None)
+        else:
+            target = self.replicas[replica]
+            if target.error is not None:
+                raise EngineStoppedError(f"{ENGINE_FAILED}: replica {replica}: {target.error}")
         call_id = next(self._call_ids)
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._calls[call_id] = future
-        self._flush()  # after what was queued before it
-        self._outbox.put(Call(call_id, name))
+        self._calls[call_id] = (future, target)
+        self.flush()  # after what was queued before it
+        target.send(Call(call_id, name))
         try:
             return await future
         finally:
@@ -476,115 +536,118 @@ class EngineClient:
         self.flush()
 
     def flush(self) -> None:
-        """Send what was queued since the last flush, one message each: adds first (an
-        abort may be for one of them). Safe from any thread."""
+        """Send what was queued since the last flush, one message each per replica: adds
+        first (an abort may be for one of them). Safe from any thread."""
         with self._queue_lock:
-            if self._adds:
-                self._outbox.put(AddRequests(self._adds))
-                self._adds = []
-            if self._aborts:
-                self._outbox.put(Abort(self._aborts))
-                self._aborts = []
+            for replica in self.replicas:
+                replica.send_queued()
 
     def _check_serving(self, accepting: bool = True) -> None:
         if self.error is not None:
             raise EngineStoppedError(f"{ENGINE_FAILED}: {self.error}")
-        if not self._link_open or self._stopping or (accepting and not self.accepting):
+        opened = any(replica.open for replica in self.replicas)
+        if not opened or self._stopping or (accepting and not self.accepting):
             raise EngineStoppedError("the server is shutting down")
 
-    # --- events from the engine (event loop) -----------------------------------------------
-    def _dispatch(self, step: StepEvents) -> None:
-        self.snapshot = step.snapshot
+    # --- events from the replicas (event loop) ---------------------------------------------
+    def replica_step(self, replica: EngineReplica, step: StepEvents) -> None:
+        replica.snapshot = snapshot = step.snapshot
         now = time.perf_counter()
         jobs = self._jobs
         for item in step.progress:
             entry = jobs.get(item[0])
             if entry is not None:  # None: the job was closed while the step ran
                 entry[0].put(entry[1], item, now)
+        policy = self._policy
         for out in step.finished:
             entry = jobs.get(out.request_id)
             if entry is not None:
-                entry[0].finish(entry[1], out, now)
+                job, index = entry
+                job.finish(index, out, now)
+                job.running.discard(index)
+                if policy is not None:
+                    policy.finish(replica.name)
+        if policy is not None:
+            # What it runs beyond what this process routed there: other API processes'.
+            mine = next(w.in_flight for w in policy.workers() if w.name == replica.name)
+            theirs = snapshot.num_running + snapshot.num_waiting - mine
+            policy.report_load(replica.name, other_requests=theirs, kv_usage=snapshot.kv_usage)
         if self.collections is not None:
             self.collections.collect_if_due(idle=not jobs)
 
-    def _resolve_call(self, result: CallResult) -> None:
-        future = self._calls.get(result.call_id)
-        if future is None or future.done():
+    def replica_call_result(self, result: CallResult) -> None:
+        entry = self._calls.get(result.call_id)
+        if entry is None or entry[0].done():
             return
         if result.error is not None:
-            future.set_exception(RuntimeError(result.error))
+            entry[0].set_exception(RuntimeError(result.error))
         else:
-            future.set_result(result.value)
+            entry[0].set_result(result.value)
 
-    def _ready_event(self, info: EngineInfo) -> None:
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_result(info)
+    def replica_ready(self, replica: EngineReplica, info: EngineInfo) -> None:
+        replica.info = info
+        ready = self._ready.get(replica.index)
+        if ready is not None and not ready.done():
+            ready.set_result(info)
+
+    def replica_failed(self, replica: EngineReplica, message: str) -> None:
+        if self._stopping or replica.error is not None:
+            return  # the process ended because it was told to
+        with self._queue_lock:  # no sequence is routed there from now on
+            replica.error = message
+            if self._policy is not None:
+                self._policy.set_healthy(replica.name, False)
+        ready = self._ready.get(replica.index)
+        if ready is not None and not ready.done():
+            reason = message if self.num_replicas == 1 else f"replica {replica.index}: {message}"
+            ready.set_exception(RuntimeError(f"the engine could not start: {reason}"))
+        serving = [r for r in self.replicas if r.error is None]
+        if not serving:
+            self._engine_failed(message)
+            return
+        logger.error("replica %d stopped serving: %s (%d of %d serve on)", replica.index,
+                     message, len(serving), len(self.replicas))  # fmt: skip
+        error = EngineStoppedError(f"{ENGINE_FAILED}: replica {replica.index}: {message}")
+        for job in {job for job, _ in self._jobs.values()}:
+            if any(job.replicas[index] == replica.index for index in job.running):
+                job.fail(error)
+        for future, target in self._calls.values():
+            if target is replica and not future.done():
+                future.set_exception(error)
 
     def _engine_failed(self, message: str) -> None:
-        if self._stopping:
-            return  # the process ended because it was told to
+        """No replica serves any more."""
         logger.error("the engine stopped serving: %s", message)
         self.error = message
         self.accepting = False
-        error = EngineStoppedError(f"{ENGINE_FAILED}: {message}")
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(RuntimeError(f"the engine could not start: {message}"))
-        self._fail_all(error)
+        self._fail_all(EngineStoppedError(f"{ENGINE_FAILED}: {message}"))
         if self.on_failure is not None:
             self.on_failure(message)
 
     def _fail_all(self, exc: BaseException) -> None:
         for job in {job for job, _ in self._jobs.values()}:
             job.fail(exc)
-        for future in self._calls.values():
+        for future, _ in self._calls.values():
             if not future.done():
                 future.set_exception(exc)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on the event loop (from any thread)."""
         assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens any more
-            self._loop.call_soon_threadsafe(fn, *args)
-
-    # --- the pipe threads ------------------------------------------------------------------
-    def _send(self, commands: Connection) -> None:
-        with commands:
-            while (command := self._outbox.get()) is not None:
-                try:
-                    commands.send(command)
-                except OSError:  # the engine process is gone; the receiver reports it
-                    return
-
-    def _receive(self, events: Connection) -> None:
-        with events:
-            try:
-                while True:
-                    match events.recv():
-                        case StepEvents() as step:
-                            self._post(self._dispatch, step)
-                        case CallResult() as result:
-                            self._post(self._resolve_call, result)
-                        case Ready(info):
-                            self._post(self._ready_event, info)
-                        case EngineFailed(message):  # the engine process is ending
-                            self._post(self._engine_failed, message)
-                            return
-            except (EOFError, OSError):
-                if self._stopping:  # told to stop: ``stop`` waits for the process (two
-                    return  # threads waiting for it race, and one may find it "alive")
-                if self._process is None:  # an API worker: the engine is not our child
-                    self._post(self._engine_failed, "the engine process went away")
-                    return
-                self._process.join(5.0)
-                code = self._process.exitcode
-                self._post(self._engine_failed, f"the engine process exited (exit code {code})")
+        self._loop.call_soon_threadsafe(fn, *args)
 
 
-def _engine_main(
-    config: EngineConfig, links: Sequence[PipeEnds], engine_factory: EngineFactory | None
-) -> None:
-    """The engine process's target: it imports the engine there, by module path."""
-    importlib.import_module(ENGINE_MAIN).run_engine(config, links, engine_factory)
+def _check_same_device(infos: Sequence[EngineInfo]) -> None:
+    """``RuntimeError`` when the replicas found different devices: one that found no GPU of
+    its own runs on the CPU while the others run on theirs."""
+    kinds = [info.device_type for info in infos]
+    if len({kind for kind in kinds if kind is not None}) > 1:
+        on_cpu = [str(i) for i, kind in enumerate(kinds) if kind == "cpu"]
+        raise RuntimeError(
+            f"the engine could not start: data_parallel_size: replica {', '.join(on_cpu)} "
+            f"found no GPU of its own and would run on the CPU (replica i takes GPUs "
+            f"i*tensor_parallel_size and up, of those visible)"
+        )
 
 
 def _encoded_here(on_encoded: OnEncoded | None, prompts: list[list[int]]) -> list[list[int]]:

@@ -11,7 +11,9 @@ the engine and exiting take), so a supervisor's deadline of the same length is k
 If the engine process dies instead (a crash, the OOM killer, ``kill -9``), its pipe closes:
 in-flight requests end at once with a 503 saying the engine failed, ``/health`` answers
 503, and the server shuts down the same way and exits with status 1, for a supervisor to
-restart it. (Nothing could be served meanwhile: the engine's state went with it.)
+restart it. (Nothing could be served meanwhile: the engine's state went with it.) With
+several data-parallel replicas, that happens once the last one died: until then a dead
+replica's requests end with a 503, and the others serve on (``/health`` says which).
 
 The port is bound when the server is built, before the model loads, so a busy port fails
 at once. Idle keep-alive connections live ``timeout_keep_alive`` seconds: longer than
@@ -44,9 +46,10 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from infer.config import EngineConfig
-from infer.contract.pipes import EngineLink, engine_pipes
+from infer.contract.pipes import EngineLink, replica_links
 from infer.server.bridge.api_workers import ApiWorkers, HttpSettings, WorkerSpec
 from infer.server.bridge.engine_client import EngineClient
+from infer.server.bridge.placement import check_layout
 from infer.server.guards.allowed_hosts import default_allowed_hosts, is_loopback
 from infer.server.guards.connections import ConnectionLimits, ServerConfig
 from infer.server.guards.in_flight import InFlight
@@ -162,6 +165,7 @@ def build_server(
     limit_pending_connections: int = DEFAULT_PENDING_CONNECTIONS,
     limit_pending_per_client: int = DEFAULT_PENDING_PER_CLIENT,
     api_server_count: int = 1,
+    data_parallel_size: int = 1,
     engine_factory: EngineFactory | None = None,
     chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
     limits: RequestLimits = DEFAULT_LIMITS,
@@ -175,14 +179,18 @@ def build_server(
     graceful shutdown.
 
     ``limit_concurrency`` bounds the requests in the server, being served or queued (beyond
-    it, 503); None: the engine's capacity (``max_batch_size + max_waiting_requests``) plus
-    ``_SPARE_REQUESTS``. A request's headers must arrive within ``header_timeout`` seconds,
-    all of it within ``request_read_timeout``; ``limit_pending_connections`` and
-    ``limit_pending_per_client`` (one client address) bound the connections that have not
-    sent a whole request. ``api_server_count`` API processes share the HTTP work
-    (``api_workers.py``); with more than one, ``PROMETHEUS_MULTIPROC_DIR`` must name a
-    directory before prometheus_client is imported (``infer serve`` sees to it); they count
-    their requests together, and each bounds its share of the pending connections.
+    it, 503); None: the engines' capacity (``max_batch_size + max_waiting_requests`` per
+    replica) plus ``_SPARE_REQUESTS``. A request's headers must arrive within
+    ``header_timeout`` seconds, all of it within ``request_read_timeout``;
+    ``limit_pending_connections`` and ``limit_pending_per_client`` (one client address)
+    bound the connections that have not sent a whole request. ``api_server_count`` API
+    processes share the HTTP work (``api_workers.py``); with more than one,
+    ``PROMETHEUS_MULTIPROC_DIR`` must name a directory before prometheus_client is imported
+    (``infer serve`` sees to it); they count their requests together, and each bounds its
+    share of the pending connections.
+    ``data_parallel_size`` engine replicas serve the model, each on its own GPUs
+    (``bridge/placement.py``), every API process reaching every one; each request goes to
+    the replica the cache-aware routing policy picks (``bridge/engine_client.py``).
     ``limits`` bound each request's inputs; ``grammar_workers`` processes (per API process)
     check constraints, each check cut off after ``grammar_timeout`` seconds. ``head`` bounds
     a request's headers (beyond, 431). ``allowed_hosts``: the ``Host`` names answered
@@ -211,6 +219,7 @@ def build_server(
         raise ValueError(f"limit_pending_per_client: must be >= 1, got {limit_pending_per_client}")
     if api_server_count < 1:
         raise ValueError(f"api_server_count: must be >= 1, got {api_server_count}")
+    check_layout(data_parallel_size, engine_config)
     if api_server_count > 1 and not shared_between_processes():
         raise ValueError(
             f"api_server_count: {api_server_count} API processes need {MULTIPROCESS_DIR} set "
@@ -218,7 +227,7 @@ def build_server(
         )
     if limit_concurrency is None:
         capacity = engine_config.max_batch_size + engine_config.max_waiting_requests
-        limit_concurrency = capacity + _SPARE_REQUESTS
+        limit_concurrency = capacity * data_parallel_size + _SPARE_REQUESTS
     listener = _bind(host, port)
     http = HttpSettings(
         host=host,
@@ -243,7 +252,7 @@ def build_server(
         grammar_timeout=grammar_timeout,
         allowed_hosts=tuple(allowed_hosts or default_allowed_hosts(host)),
     )
-    api_ends, engine_ends = engine_pipes(api_server_count)
+    links = replica_links(data_parallel_size, api_server_count)
     in_flight = InFlight(api_server_count)
     requests = InFlight(api_server_count)
     workers = None
@@ -255,7 +264,7 @@ def build_server(
                 engine_config=engine_config,
                 http=http,
                 listener=listener,
-                pipes=api_ends[i],
+                links=links[i],
                 in_flight=in_flight.of_process(i),
                 requests=requests.of_process(i),
                 ready=context.RawValue("b", 0),
@@ -264,9 +273,8 @@ def build_server(
             for i in range(1, api_server_count)
         ]
         workers = ApiWorkers(serve_api_worker, specs, shutdown_timeout + 2 * _UVICORN_GRACE_S)
-    link = EngineLink(api_ends[0], engine_ends)
-    server = _server(engine_config, http, listener, link, in_flight, requests, engine_factory,
-                     workers)  # fmt: skip
+    server = _server(engine_config, http, listener, links[0], in_flight, requests,
+                     engine_factory, workers)  # fmt: skip
     warn_if_open(host, api_key)  # once uvicorn has set up the logging
     return server
 
@@ -285,7 +293,7 @@ def _server(
     engine_config: EngineConfig,
     http: HttpSettings,
     listener: socket.socket,
-    link: EngineLink,
+    links: list[EngineLink],
     in_flight: InFlight,
     requests: InFlight,
     engine_factory: EngineFactory | None,
@@ -294,7 +302,7 @@ def _server(
 ) -> Server:
     """One API process's server (the first, or a worker)."""
     app = create_app(engine_config, http.served_model_name, http.api_key, http.request_timeout,
-                     engine_factory, link, in_flight, workers, http.chat, http.limits,
+                     engine_factory, links, in_flight, workers, http.chat, http.limits,
                      http.grammar_workers, http.grammar_timeout, http.limit_concurrency,
                      requests, http.allowed_hosts)  # fmt: skip
     config = ServerConfig(
@@ -312,8 +320,7 @@ def _server(
 def serve_api_worker(spec: WorkerSpec) -> None:
     """Entry point of an API worker process: the same server on the listening socket its
     parent bound and handed over, reaching the running engine over its own pipes."""
-    link = EngineLink(spec.pipes, None)
-    server = _server(spec.engine_config, spec.http, spec.listener, link, spec.in_flight,
+    server = _server(spec.engine_config, spec.http, spec.listener, spec.links, spec.in_flight,
                      spec.requests, spec.engine_factory, on_started=spec.set_ready)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # how ``run`` ends after SIGINT or SIGTERM
         server.run()

@@ -19,6 +19,7 @@ from infer.contract.pipes import EngineLink
 from infer.heap import IdleCollections, freeze_heap
 from infer.server.bridge.api_workers import ApiWorkers
 from infer.server.bridge.engine_client import EngineClient, EngineStoppedError
+from infer.server.bridge.replica_totals import replicas_cache_stats
 from infer.server.guards.allowed_hosts import ANY_HOST, AllowedHosts
 from infer.server.guards.auth import APIKeyMiddleware
 from infer.server.guards.body_limit import BodyLimit
@@ -79,7 +80,7 @@ def create_app(
     api_key: str | None = None,
     request_timeout: float | None = None,
     engine_factory: EngineFactory | None = None,
-    link: EngineLink | None = None,
+    links: Sequence[EngineLink] | None = None,
     in_flight: InFlight | None = None,
     workers: ApiWorkers | None = None,
     chat: ChatOptions = DEFAULT_CHAT_OPTIONS,
@@ -106,13 +107,14 @@ def create_app(
     ``app.state.engine`` is the ``EngineClient`` (the launcher drains it on shutdown);
     ``engine_factory`` builds the engine in its process (a stand-in measures the API alone;
     None: the model's engine).
-    ``link`` and ``in_flight`` are the ``EngineClient``'s (several API processes, see
-    ``bridge/api_workers.py``); ``workers``, started and stopped by the lifespan around the engine,
-    are the API workers of the process that starts the engine.
+    ``links`` (to each data-parallel replica's engine) and ``in_flight`` are the
+    ``EngineClient``'s (several API processes, see ``bridge/api_workers.py``); ``workers``,
+    started and stopped by the lifespan around the engine, are the API workers of the process
+    that starts the engine.
     """
-    engine = EngineClient(config, request_timeout, engine_factory, link, in_flight)
+    engine = EngineClient(config, request_timeout, engine_factory, links, in_flight)
     model_name = served_model_name or config.model
-    metrics = ServerMetrics(lambda: engine.snapshot)
+    metrics = ServerMetrics(lambda: engine.snapshot, engine.replica_reports)
     created = int(time.time())
 
     @asynccontextmanager
@@ -231,12 +233,15 @@ def create_app(
 
     @app.get("/v1/cache/stats", responses={**AUTHENTICATED, **UNAVAILABLE})
     async def cache_stats() -> JSONResponse:
-        """The KV pool's memory metrics (seed 004), read in the engine between steps."""
+        """The KV pool's memory metrics (seed 004), read in the engine between steps; with
+        several replicas, their total and each one's (``replicas``)."""
         try:
-            stats = await engine.call("cache_stats")
+            if engine.num_replicas == 1:
+                return JSONResponse(await engine.call("cache_stats"))
+            each = await engine.call_each("cache_stats")
         except EngineStoppedError as exc:
             raise unavailable(exc) from exc
-        return JSONResponse(stats)
+        return JSONResponse(replicas_cache_stats(engine.replica_reports(), each))
 
     install_dashboard(app, engine, model_name)
 
@@ -246,7 +251,10 @@ def create_app(
         if not engine.is_healthy or not engine.accepting:
             raise APIError(503, "the server is not serving (starting or shutting down)",
                            "server_error")  # fmt: skip
-        return JSONResponse({"status": "ok"})
+        if engine.num_replicas == 1:
+            return JSONResponse({"status": "ok"})
+        replicas = [report.status() for report in engine.replica_reports()]
+        return JSONResponse({"status": "ok", "replicas": replicas})
 
     # ``/ping`` is vLLM's name (SageMaker's probe, which POSTs); load balancers probe with
     # HEAD too (Starlette answers it with the headers alone). One route per method: each

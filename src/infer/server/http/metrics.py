@@ -1,9 +1,12 @@
 """Prometheus metrics of the server (``GET /metrics``).
 
 Engine gauges and counters are read from the snapshot the engine thread publishes after
-every step, so scraping never races the engine. Latency histograms are observed when a
-request ends, from the arrival times of its tokens at the event loop (what clients see), all
-of a sequence's inter-token latencies in one pass (``observe_all``).
+every step, so scraping never races the engine. With several data-parallel replicas they
+are the replicas' total, and ``infer_replica_*`` gives each one's, labelled ``replica``
+(whether it serves, its own counters, the requests this API process routed to it).
+Latency histograms are observed when a request ends, from the arrival times of its tokens at
+the event loop (what clients see), all of a sequence's inter-token latencies in one pass
+(``observe_all``).
 
 A server with several API processes (``bridge/api_workers.py``) keeps its histograms and counters
 in prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set before
@@ -24,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from infer.contract.messages import EngineSnapshot
 from infer.server.bridge.engine_client import Job
+from infer.server.bridge.replica_totals import ReplicaReport
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (
@@ -96,13 +100,56 @@ class _EngineCollector(Collector):
         yield by_position
 
 
+class _ReplicaCollector(Collector):
+    """Each replica's figures, when there are several."""
+
+    def __init__(self, reports: Callable[[], list[ReplicaReport]]) -> None:
+        self._reports = reports
+
+    def collect(self) -> Iterator[Metric]:
+        reports = self._reports()
+        if len(reports) < 2:
+            return
+        families = [
+            (GaugeMetricFamily, "up", "Whether the replica serves (0: it failed, out of "
+             "rotation).", lambda r: r.error is None),
+            (GaugeMetricFamily, "num_requests_running", "Sequences in its running batch.",
+             lambda r: r.snapshot.num_running),
+            (GaugeMetricFamily, "num_requests_waiting", "Sequences waiting there.",
+             lambda r: r.snapshot.num_waiting),
+            (GaugeMetricFamily, "kv_cache_usage_ratio", "Fraction of its KV cache blocks in "
+             "use.", lambda r: r.snapshot.kv_usage),
+            (CounterMetricFamily, "prompt_tokens", "Prompt tokens it computed (prefill).",
+             lambda r: r.snapshot.prompt_tokens),
+            (CounterMetricFamily, "generation_tokens", "Tokens it generated.",
+             lambda r: r.snapshot.generation_tokens),
+            (CounterMetricFamily, "routed_requests", "Sequences this API process routed "
+             "to it.", lambda r: r.routed),
+            (CounterMetricFamily, "routed_by_prefix", "Of which for the prompt prefix it "
+             "was believed to cache.", lambda r: r.routed_by_prefix),
+        ]  # fmt: skip
+        for kind, name, documentation, value in families:
+            family = kind(f"infer_replica_{name}", documentation, labels=["replica"])
+            for report in reports:
+                family.add_metric([str(report.index)], float(value(report)))
+            yield family
+
+
 class ServerMetrics:
     """A registry per server, so several apps (tests) can live in one process."""
 
-    def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], EngineSnapshot],
+        replicas: Callable[[], list[ReplicaReport]] | None = None,
+    ) -> None:
+        """``replicas``: each data-parallel replica's figures (None: one engine)."""
         self.registry = CollectorRegistry()
         self._engine = _EngineCollector(snapshot)
         self.registry.register(self._engine)
+        self._replicas = None if replicas is None else _ReplicaCollector(replicas)
+        if self._replicas is not None:
+            self.registry.register(self._replicas)
         self.ttft = Histogram(
             "infer_time_to_first_token_seconds",
             "Request arrival to its first token.",
@@ -150,6 +197,8 @@ class ServerMetrics:
         every_process = CollectorRegistry()
         MultiProcessCollector(every_process)
         every_process.register(self._engine)
+        if self._replicas is not None:
+            every_process.register(self._replicas)
         return generate_latest(every_process)
 
 

@@ -631,6 +631,9 @@ class ResponsesServing(ChatServing):
             if usage is None
             else ResponseUsage(
                 input_tokens=usage.prompt_tokens,
+                input_tokens_details=InputTokensDetails(
+                    cached_tokens=usage.prompt_tokens_details.cached_tokens
+                ),
                 output_tokens=usage.completion_tokens,
                 total_tokens=usage.total_tokens,
             ),

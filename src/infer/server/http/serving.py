@@ -42,7 +42,7 @@ from infer.server.http.prompt_batcher import OnEncoded
 from infer.server.http.sse import ChunkTemplate
 from infer.server.openai.echo import PromptEcho
 from infer.server.openai.logprobs import LogprobFormatter
-from infer.server.openai.protocol import SamplingRequest, Usage
+from infer.server.openai.protocol import PromptTokensDetails, SamplingRequest, Usage
 from infer.server.openai.reasoning import Reasoning
 from infer.server.openai.tool_calls import ToolCalls
 
@@ -76,6 +76,8 @@ class Context:
     template: ChunkTemplate  # of the stream's chunks
     text_offsets: list[int] = field(default_factory=list)  # per choice, for logprobs
     completion_tokens: int = 0
+    # Per choice, once it finished: its prompt tokens served from the prefix cache.
+    cached_tokens: list[int | None] = field(default_factory=list)
     tool_calls: ToolCalls | None = None  # chat requests with tools
     reasoning: Reasoning | None = None  # chat requests to a server with a reasoning parser
     stream_state: Any = None  # an endpoint's own state of a stream (the Responses API's)
@@ -98,7 +100,22 @@ class Context:
             prompt_tokens=prompt_tokens,
             completion_tokens=self.completion_tokens,
             total_tokens=prompt_tokens + self.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.prompt_cached_tokens()),
         )
+
+    def finished(self, index: int, final: RequestOutput) -> None:
+        """Choice ``index`` ended with ``final``: keep what the cache saved it."""
+        self.cached_tokens[index] = final.num_cached_tokens
+
+    def prompt_cached_tokens(self) -> int:
+        """Prompt tokens served from the cache, each prompt counted once (as in
+        ``prompt_tokens``): the fewest of its ``n`` samples that finished, since the first
+        one admitted computed what the others then found cached."""
+        total = 0
+        for start in range(0, len(self.cached_tokens), self.n):
+            known = [c for c in self.cached_tokens[start : start + self.n] if c is not None]
+            total += min(known, default=0)
+        return total
 
 
 class OpenAIServing(ABC):
@@ -261,6 +278,7 @@ class OpenAIServing(ABC):
             echo=self.prompt_echo(request),
         )
         ctx.text_offsets = [0] * ctx.num_choices
+        ctx.cached_tokens = [None] * ctx.num_choices
         return job, ctx
 
     def _only_allowed_tokens(self, params: SamplingParams, allowed: list[int]) -> SamplingParams:
@@ -322,6 +340,8 @@ class OpenAIServing(ABC):
                 for index, update in batch:
                     _raise_if_failed(update.final)
                     ctx.completion_tokens += len(update.token_ids)
+                    if update.final is not None:
+                        ctx.finished(index, update.final)
                     chunk = self.chunk(ctx, index, update)
                     if chunk is not None:
                         events.append(self.frame(chunk))
@@ -362,6 +382,7 @@ class OpenAIServing(ABC):
                 if final is not None:
                     finals[index] = final
                     ctx.completion_tokens += len(final.token_ids)
+                    ctx.finished(index, final)
         assert all(final is not None for final in finals)
         return self.response(ctx, finals)  # type: ignore[arg-type]
 

@@ -5,6 +5,8 @@ process that dies or cannot start."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -189,8 +191,9 @@ def test_a_dead_engine_process_fails_everything_and_reports_it(
         engine.on_failure = failures.append  # the launcher stops the server
         await engine.start()
         job = engine.submit("a", [([1, 2, 3], LONG)])
-        assert engine._process is not None
-        engine._process.kill()
+        pid = engine.replicas[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
         with pytest.raises(EngineStoppedError, match="exited"):
             await collect(job)
         assert not engine.is_healthy and engine.error
