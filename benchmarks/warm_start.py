@@ -18,8 +18,9 @@ first burst after ready against the second, and what an open dashboard costs a b
 
 Writes ``results.json`` and each server's log (the start-up's parts with the kernel
 variants each built) to the results folder (``$OUT/warm-start`` on the device machine),
-and counts the log lines of variants built after start-up (none expected). About 4 minutes
-on an H100.
+counts the log lines of variants built after start-up (none expected), and the variants of
+each kernel in the cache after each start (a warm start adds none when it compiled nothing).
+About 4 minutes on an H100.
 """
 
 from __future__ import annotations
@@ -135,6 +136,14 @@ def _dashboard(url: str, vocab: int, pairs: int) -> dict[str, Any]:
     }
 
 
+def _kernels_cached(cache: Path) -> dict[str, int]:
+    """How many variants of each kernel the kernel cache (``triton/`` under ``cache``) holds,
+    one metadata file each: a warm start that adds any compiled them again."""
+    kernels = (cache / "triton").rglob("*.json")
+    names = [p.stem for p in kernels if not p.name.startswith("__grp__")]
+    return {name: names.count(name) for name in sorted(set(names))}
+
+
 def _serve(
     tag: str, serve: list[str], cache: Path, out: Path, work: Any, timeout_s: float
 ) -> dict[str, Any]:
@@ -191,11 +200,13 @@ def main() -> None:
             return {"bursts": bursts, "dashboard": dashboard}
 
         results["cold"] = _serve("cold", serve, cache, out, cold_work, args.ready_timeout)
+        results["cold"]["kernels_cached"] = _kernels_cached(cache)
         save()
         results["warm"] = _serve(
             "warm", serve, cache, out, lambda url: {"bursts": _first_and_second(url, vocab, 300)},
             args.ready_timeout,
         )  # fmt: skip
+        results["warm"]["kernels_cached"] = _kernels_cached(cache)
         results["kernel_cache_files"] = sum(1 for p in cache.rglob("*") if p.is_file())
         results["wall_s"] = time.monotonic() - started
     finally:
