@@ -434,7 +434,11 @@ class Scheduler:
             return remaining if remaining <= room else 0
         threshold = self.config.long_prefill_threshold
         if threshold > 0 and request.num_tokens > threshold:
-            room = max(budget + self.long_overdraft - reserved, 0)
+            # At the default budget the step's decode rows ride beside a long chunk, not in
+            # it: a 16k prompt takes one step where a last small chunk would be a second
+            # slow gap for every row (an explicit max_num_batched_tokens counts them).
+            riding = decodes if self.long_overdraft > 0 else 0
+            room = max(budget + self.long_overdraft - reserved + riding, 0)
             if room >= remaining:
                 return remaining
             # Whole multiples of LONG_CHUNK_ALIGN: cuDNN plans each attention shape on the

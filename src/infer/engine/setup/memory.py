@@ -117,10 +117,10 @@ class KVCacheBuilder:
 
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:
-        """Peak memory of the largest step (a long prompt's step budget, plus sampling of a
-        full batch)."""
+        """Peak memory of the largest step (a long prompt's step budget and a decode row
+        for every other request, plus sampling of a full batch)."""
         config = self.config
-        budget = config.resolved_long_prefill_step_tokens(self.max_seq_len)
+        budget = config.resolved_long_prefill_step_tokens(self.max_seq_len) + config.max_batch_size
         seq_len = min(budget, self.max_seq_len)
         blocks_per_seq = math.ceil(seq_len / config.block_size)
         num_seqs = math.ceil(budget / seq_len)

@@ -107,7 +107,7 @@ def build_rank(
 
 def _long_chunks(config: EngineConfig, max_seq_len: int) -> tuple[int, ...]:
     """A long prompt's usual chunks: a whole long-prompt step, and one less the alignment
-    (beside decode rows); none under the fixed-chunk policy."""
+    (beside another prompt's chunk); none under the fixed-chunk policy."""
     if config.long_prefill_threshold == 0 or not config.use_chunked_prefill:
         return ()
     step = config.resolved_long_prefill_step_tokens(max_seq_len)

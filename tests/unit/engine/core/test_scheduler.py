@@ -192,8 +192,8 @@ def test_a_long_prompt_ahead_of_decode_rows_leaves_them_their_tokens() -> None:
 
 def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
     """At the default budget (8,192 tokens a step), a long prompt's chunk may take 16,384
-    less the step's decode rows, in whole thousands (1,024) short of its end; nothing else
-    joins such a step."""
+    tokens, the step's decode rows beside it, in whole thousands (1,024) short of its end;
+    nothing else joins such a step."""
     config = EngineConfig(device="cpu", use_prefix_caching=False, long_prefill_threshold=9000)
     scheduler = Scheduler(config, _pool(50_000), max_seq_len=40_000)
     scheduler.add_request(_request("decoding", 3))
@@ -201,10 +201,25 @@ def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
     for name, length in (("long", 20_000), ("short", 8_000)):
         scheduler.add_request(_request(name, length))
     first = scheduler.schedule()
-    assert _names(first) == [("decoding", 1), ("long", 15 * 1024)]
+    assert _names(first) == [("decoding", 1), ("long", 16 * 1024)]
     _run(scheduler, first)
     # the rest of the long prompt (a long sequence still), then the short one's 384
-    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 4_640), ("short", 384)]
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 3_616), ("short", 384)]
+
+
+def test_a_16k_prompt_beside_many_decode_rows_takes_one_step() -> None:
+    """``long_mix``'s shape: a prompt of exactly the long step's 16,384 tokens arrives while
+    32 rows decode; it runs whole in one step with all 32 beside it (taking the decode rows
+    out of its chunk left its last 1,024 tokens a second slow step for every row)."""
+    config = EngineConfig(device="cpu", use_prefix_caching=False)
+    scheduler = Scheduler(config, _pool(50_000), max_seq_len=40_000)
+    for i in range(32):
+        scheduler.add_request(_request(f"decoding{i}", 3))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("long", 16_384))
+    step = scheduler.schedule()
+    assert ("long", 16_384) in _names(step)
+    assert sum(1 for name, n in _names(step) if name.startswith("decoding") and n == 1) == 32
 
 
 def test_a_zero_long_prefill_threshold_keeps_every_chunk_small() -> None:
