@@ -22,7 +22,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SERVING = "serving"  # the part of everything after the start-up
-# A variant built faster than this came from Triton's disk cache (a compile takes longer).
+# Without Triton's compilation listener (which says), a variant built faster than this came
+# from Triton's disk cache (a compile takes longer).
 CACHE_LOAD_S = 0.1
 
 
@@ -55,6 +56,7 @@ class JitLog:
         self._parts = threading.local()  # each thread's part (a warm-up may run beside)
         self._installed = False
         self._started: dict[str, float] = {}
+        self._cache_hits = threading.local()  # the disk cache's answer for this thread's build
         self._lock = threading.Lock()
 
     @property
@@ -76,6 +78,9 @@ class JitLog:
             return False
         runtime.jit_cache_hook = _chained(runtime.jit_cache_hook, self._before)
         runtime.jit_post_compile_hook = _chained(runtime.jit_post_compile_hook, self._after)
+        compilation = knobs.compilation
+        if hasattr(compilation, "listener"):  # says whether the disk cache held the variant
+            compilation.listener = _chained(compilation.listener, self._compiled)
         self._installed = True
         return True
 
@@ -107,15 +112,20 @@ class JitLog:
         with self._lock:
             self._started[str(key)] = self._clock()
 
+    def _compiled(self, cache_hit: bool, **_: Any) -> None:
+        self._cache_hits.hit = cache_hit  # read by ``_after`` on the same thread
+
     def _after(self, key: Any, fn: Any, compile: dict[str, Any], **_: Any) -> None:
         now = self._clock()
         with self._lock:
             seconds = now - self._started.pop(str(key), now)
         name = getattr(fn, "name", "?")
         part = self.part
-        variant = KernelVariant(
-            name, _specialization(fn, compile), seconds, part, seconds < CACHE_LOAD_S
-        )
+        from_cache = getattr(self._cache_hits, "hit", None)
+        self._cache_hits.hit = None
+        if from_cache is None:  # a Triton without the listener: a load is fast
+            from_cache = seconds < CACHE_LOAD_S
+        variant = KernelVariant(name, _specialization(fn, compile), seconds, part, from_cache)
         self.variants.append(variant)
         if self.ready and part == SERVING:
             logger.warning("kernel variant built after start-up (the warm-up missed it): %s",

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from triton import knobs
 
 from infer.kernels.jit_log import CACHE_LOAD_S, JitLog, _chained
 
@@ -20,8 +21,9 @@ class Clock:
         return self.now
 
 
-def _build(log: JitLog, key: str, seconds: float) -> None:
-    """One variant built as Triton reports it: the hook before, ``seconds``, the hook after."""
+def _build(log: JitLog, key: str, seconds: float, cache_hit: bool | None = None) -> None:
+    """One variant built as Triton reports it: the hook before, ``seconds`` (with Triton's
+    compilation listener told whether the disk cache held it, unless None), the hook after."""
     clock = log._clock
     assert isinstance(clock, Clock)
     params = [SimpleNamespace(name=n) for n in ("logits_ptr", "stride", "vocab", "BLOCK")]
@@ -33,6 +35,8 @@ def _build(log: JitLog, key: str, seconds: float) -> None:
     }
     log._before(key=key, repr="", fn=fn, compile=compile_info)
     clock.now += seconds
+    if cache_hit is not None:
+        log._compiled(src=None, metadata={}, metadata_group={}, times=None, cache_hit=cache_hit)
     log._after(key=key, repr="", fn=fn, compile=compile_info)
 
 
@@ -66,6 +70,14 @@ def test_a_variant_built_after_ready_is_a_warning_unless_a_start_up_runs(
     assert record.levelno == logging.WARNING
     assert "the warm-up missed it" in record.getMessage() and "1.50 s" in record.getMessage()
     assert log.variants[-1].part == "serving"
+
+
+def test_the_compilation_listener_says_compiled_or_loaded_whatever_the_time() -> None:
+    log = JitLog(Clock())
+    _build(log, "slow load", 2.0, cache_hit=True)  # e.g. waiting for the GIL beside others
+    _build(log, "fast compile", CACHE_LOAD_S / 10, cache_hit=False)
+    _build(log, "no listener", CACHE_LOAD_S / 10)  # its answer is not carried over
+    assert [v.from_cache for v in log.variants] == [True, False, True]
 
 
 def test_a_layout_it_does_not_know_shows_the_key() -> None:
@@ -106,3 +118,18 @@ def test_each_thread_builds_in_its_own_part() -> None:
 def _in_part(log: JitLog, part: str) -> None:
     with log.running(part):
         _build(log, "a", 2.0)
+
+
+def test_install_hooks_tritons_jit_and_its_compilation_listener(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for hooks, name in ((knobs.runtime, "jit_cache_hook"), (knobs.runtime, "jit_post_compile_hook"),
+                        (knobs.compilation, "listener")):  # fmt: skip
+        monkeypatch.setattr(hooks, name, None)
+    log = JitLog(Clock())
+    assert log.install() and log.install()  # once
+    fn = SimpleNamespace(name="k")
+    knobs.runtime.jit_cache_hook(key="a", fn=fn, compile={"key": "a"})
+    knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=None, cache_hit=True)
+    knobs.runtime.jit_post_compile_hook(key="a", fn=fn, compile={"key": "a"})
+    assert [(v.name, v.from_cache) for v in log.variants] == [("k", True)]
