@@ -30,8 +30,9 @@ def added() -> Iterator[list[int]]:
     flush = EngineClient.flush
 
     def counting(engine: EngineClient) -> None:
-        if engine._adds:
-            sizes.append(len(engine._adds))
+        queued = sum(len(replica.adds) for replica in engine.replicas)
+        if queued:
+            sizes.append(queued)
         flush(engine)
 
     with pytest.MonkeyPatch.context() as patch:
