@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from infer.engine.core.cuda_graphs import replay_ms
 from infer.kernels.fp8_linear_triton import (
     W8A16Tile,
     quantize_rows_triton,
@@ -174,15 +175,7 @@ def time_graph(calls: list[Callable[[], object]], repeats: int, quick: bool) -> 
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (repeats * len(calls))
+    return replay_ms(graph, repeats) * 1e3 / len(calls)
 
 
 def probe_linear(

@@ -36,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_speculative import _AlwaysOpen
 from infer import LLM, SamplingParams
+from infer.engine.core.cuda_graphs import replay_ms
 from infer.engine.core.engine import Engine
 from infer.kernels.verify_inputs import ProposalMode
 
@@ -184,17 +185,8 @@ def replay_costs(engine: Engine) -> list[dict[str, Any]]:
             graphs.query_start_loc.zero_()
             graphs.row_counts.zero_()
             graphs.slot_mapping.fill_(-1)
-            for _ in range(3):
-                graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            rows.append(
-                {"bucket": str(bucket), "empty_replay_ms": round(start.elapsed_time(end) / 20, 4)}
-            )
+            cost = replay_ms(graph, 20, warmups=3)
+            rows.append({"bucket": str(bucket), "empty_replay_ms": round(cost, 4)})
     return rows
 
 

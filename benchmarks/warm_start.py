@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,8 @@ def _kernels_cached(cache: Path) -> dict[str, int]:
     """How many variants of each kernel the kernel cache (``triton/`` under ``cache``) holds,
     one metadata file each: a warm start that adds any compiled them again."""
     kernels = (cache / "triton").rglob("*.json")
-    names = [p.stem for p in kernels if not p.name.startswith("__grp__")]
-    return {name: names.count(name) for name in sorted(set(names))}
+    names = Counter(p.stem for p in kernels if not p.name.startswith("__grp__"))
+    return dict(sorted(names.items()))
 
 
 def _serve(

@@ -332,7 +332,7 @@ class CUDAGraphRunner:
             decode = self._graphs.get(Bucket(rows, rows, True))
             if verify is None or decode is None:
                 continue
-            times = [_replay_ms(graph, repeats) for graph, _ in (decode, verify, decode, verify)]
+            times = [replay_ms(graph, repeats) for graph, _ in (decode, verify, decode, verify)]
             self.verify_costs[rows] = (times[1] + times[3]) / (times[0] + times[2])
 
     def run(
@@ -349,8 +349,11 @@ class CUDAGraphRunner:
         return out[: len(sequences)] if bucket.decode else out[: _num_tokens(sequences)]
 
 
-def _replay_ms(graph: torch.cuda.CUDAGraph, repeats: int) -> float:
-    graph.replay()
+def replay_ms(graph: torch.cuda.CUDAGraph, repeats: int, warmups: int = 1) -> float:
+    """GPU milliseconds of one replay of ``graph``, the mean of ``repeats`` after
+    ``warmups`` (CUDA events)."""
+    for _ in range(warmups):
+        graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
