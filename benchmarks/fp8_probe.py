@@ -85,19 +85,26 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         W8A16Tile(16, 16, 128, 4, 8),
         W8A16Tile(16, 32, 256, 4, 4, split_k=2),
     ]
-    if m > 1:
+    if m > 2:
         return dots
     sums = [
-        W8A16Tile(1, 4, 512, 4),
-        W8A16Tile(1, 8, 256, 4),
-        W8A16Tile(1, 4, 1024, 4),
-        W8A16Tile(1, 8, 512, 4),
-        W8A16Tile(1, 8, 1024, 4),
-        W8A16Tile(1, 16, 512, 4),
-        W8A16Tile(1, 2, 1024, 2),
-        W8A16Tile(1, 4, 512, 2),
+        W8A16Tile(m, 4, 512, 4),
+        W8A16Tile(m, 8, 256, 4),
+        W8A16Tile(m, 4, 1024, 4),
+        W8A16Tile(m, 8, 512, 4),
+        W8A16Tile(m, 8, 1024, 4),
+        W8A16Tile(m, 16, 512, 4),
+        W8A16Tile(m, 2, 1024, 2),
+        W8A16Tile(m, 4, 512, 2),
+        # more bytes in flight a program, and split K for the narrow weights' few programs
+        W8A16Tile(m, 16, 1024, 8),
+        W8A16Tile(m, 32, 512, 8),
+        W8A16Tile(m, 8, 2048, 8),
+        W8A16Tile(m, 4, 512, 4, 2, split_k=2),
+        W8A16Tile(m, 8, 256, 4, 2, split_k=4),
+        W8A16Tile(m, 16, 512, 8, 2, split_k=2),
     ]
-    return sums + dots
+    return sums if m == 2 else sums + dots
 
 
 TILES: dict[str, W8A16Tile] = {}  # every tile timed, by its method's name
