@@ -48,10 +48,12 @@ _WIDE_OUTPUT = 8192
 
 def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
     """The tile for ``m`` rows of a ``[n, k]`` weight, from ``benchmarks/fp8_probe.py`` on an
-    H100 at llama-3.2-3b's shapes (``benchmarks/results-by-topic/11-fp8.md``, 11.2): one or
-    two rows of a narrow weight on the CUDA cores (many small programs), anything else up to
-    16 rows through 16-row dots; more rows (weights ``_scaled_mm`` cannot take) through wider
-    dots."""
+    H100 at llama-3.2-3b's shapes (``benchmarks/results-by-topic/11-fp8.md``, 11.2, 11.6): one
+    or two rows of a narrow weight on the CUDA cores (many small programs), anything else up
+    to 16 rows through 16-row dots; more rows (weights ``_scaled_mm`` cannot take) through
+    wider dots."""
+    if m == 1 and n < _WIDE_OUTPUT:
+        return W8A16Tile(1, 4, 512, 2) if n > 4096 else W8A16Tile(1, 8, 1024, 4)
     if m <= 2 and n < _WIDE_OUTPUT:
         return W8A16Tile(m, 4, 512, 4) if n <= 4096 else W8A16Tile(m, 8, 256, 4)
     if m <= 16:
