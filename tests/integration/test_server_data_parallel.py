@@ -39,21 +39,23 @@ def complete(url: str, prompt: str, max_tokens: int = 2) -> httpx.Response:
         return client.post(f"{url}/v1/completions", json=body)
 
 
-def prefix_counts(url: str) -> tuple[int, int]:
-    stats = httpx.get(f"{url}/v1/cache/stats").json()
-    return int(stats["prefix_hits"]), int(stats["prefix_queries"])
-
-
 def shared_prefix_hit_rate(url: str) -> float:
-    """The prefix hit rate of a workload of two system prompts, each before every question
-    in turn (one request at a time, so each finds what the previous ones left)."""
-    hits, queries = prefix_counts(url)
+    """The share of prompt tokens served from the prefix cache (each response's
+    ``usage.prompt_tokens_details.cached_tokens``) in a workload of two system prompts, each
+    before every question in turn (one request at a time, so each finds what the previous
+    ones left). Read from the responses, which say what each request was served from the
+    cache, rather than the cache's counters (blocks looked up, once per admission attempt:
+    on a loaded machine they once read 0.78 against one replica's 0.875)."""
+    cached = prompt = 0
     prefixes = [uuid.uuid4().hex + SYSTEM, uuid.uuid4().hex + SYSTEM]  # new to the server
     for question in QUESTIONS:
         for prefix in prefixes:
-            assert complete(url, prefix + question).status_code == 200
-    now_hits, now_queries = prefix_counts(url)
-    return (now_hits - hits) / (now_queries - queries)
+            response = complete(url, prefix + question)
+            assert response.status_code == 200
+            usage = response.json()["usage"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            prompt += usage["prompt_tokens"]
+    return cached / prompt
 
 
 def replica_samples(url: str, name: str) -> dict[str, float]:
@@ -72,7 +74,7 @@ def test_a_shared_prefix_is_served_from_the_replica_that_caches_it(
 ) -> None:
     one = shared_prefix_hit_rate(url)  # the session's single-replica server
     two = shared_prefix_hit_rate(replicated[0])
-    assert one > 0.5
+    assert one > 0.5, one
     assert two >= 0.9 * one, (one, two)
     by_prefix = replica_samples(replicated[0], "routed_by_prefix_total")
     assert sum(by_prefix.values()) >= 2 * (len(QUESTIONS) - 1)
