@@ -85,6 +85,13 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         W8A16Tile(16, 16, 128, 4, 8),
         W8A16Tile(16, 32, 256, 4, 4, split_k=2),
     ]
+    if m == 1:  # `single` runs here: wider dots for the 16,384-output weight
+        dots += [
+            W8A16Tile(16, 64, 256, 4, 4),
+            W8A16Tile(16, 64, 128, 4, 6),
+            W8A16Tile(16, 32, 512, 8, 3),
+            W8A16Tile(16, 128, 128, 8, 4),
+        ]
     if m > 2:
         return dots
     sums = [
@@ -103,6 +110,13 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         W8A16Tile(m, 4, 512, 4, 2, split_k=2),
         W8A16Tile(m, 8, 256, 4, 2, split_k=4),
         W8A16Tile(m, 16, 512, 8, 2, split_k=2),
+        # 11.6's best (8 x 1,024) and its neighbours: more warps, wider steps, fewer rows
+        W8A16Tile(m, 8, 1024, 8),
+        W8A16Tile(m, 16, 1024, 4),
+        W8A16Tile(m, 4, 2048, 4),
+        W8A16Tile(m, 8, 2048, 4),
+        W8A16Tile(m, 4, 1024, 2),
+        W8A16Tile(m, 2, 2048, 2),
     ]
     return sums if m == 2 else sums + dots
 
