@@ -73,6 +73,20 @@ def tiles_for(m: int) -> list[W8A16Tile]:
     return gemv + dots
 
 
+# (block_n, block_k, num_warps[, num_stages, split_k]) of the one- and two-row sums tried
+# fmt: off
+SUM_SHAPES: list[tuple[int, ...]] = [
+    (4, 512, 4), (8, 256, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4),
+    (2, 1024, 2), (4, 512, 2),
+    # more bytes in flight a program, and split K for the narrow weights' few programs
+    (16, 1024, 8), (32, 512, 8), (8, 2048, 8), (4, 512, 4, 2, 2), (8, 256, 4, 2, 4),
+    (16, 512, 8, 2, 2),
+    # 11.6's best (8 x 1,024) and its neighbours: more warps, wider steps, fewer rows
+    (8, 1024, 8), (16, 1024, 4), (4, 2048, 4), (8, 2048, 4), (4, 1024, 2), (2, 2048, 2),
+]
+# fmt: on
+
+
 def explore_tiles_for(m: int) -> list[W8A16Tile]:
     """More W8A16 tiles at few rows: bytes in flight a step, programs, pipeline stages,
     split K."""
@@ -94,30 +108,7 @@ def explore_tiles_for(m: int) -> list[W8A16Tile]:
         ]
     if m > 2:
         return dots
-    sums = [
-        W8A16Tile(m, 4, 512, 4),
-        W8A16Tile(m, 8, 256, 4),
-        W8A16Tile(m, 4, 1024, 4),
-        W8A16Tile(m, 8, 512, 4),
-        W8A16Tile(m, 8, 1024, 4),
-        W8A16Tile(m, 16, 512, 4),
-        W8A16Tile(m, 2, 1024, 2),
-        W8A16Tile(m, 4, 512, 2),
-        # more bytes in flight a program, and split K for the narrow weights' few programs
-        W8A16Tile(m, 16, 1024, 8),
-        W8A16Tile(m, 32, 512, 8),
-        W8A16Tile(m, 8, 2048, 8),
-        W8A16Tile(m, 4, 512, 4, 2, split_k=2),
-        W8A16Tile(m, 8, 256, 4, 2, split_k=4),
-        W8A16Tile(m, 16, 512, 8, 2, split_k=2),
-        # 11.6's best (8 x 1,024) and its neighbours: more warps, wider steps, fewer rows
-        W8A16Tile(m, 8, 1024, 8),
-        W8A16Tile(m, 16, 1024, 4),
-        W8A16Tile(m, 4, 2048, 4),
-        W8A16Tile(m, 8, 2048, 4),
-        W8A16Tile(m, 4, 1024, 2),
-        W8A16Tile(m, 2, 2048, 2),
-    ]
+    sums = [W8A16Tile(m, *shape) for shape in SUM_SHAPES]
     return sums if m == 2 else sums + dots
 
 
