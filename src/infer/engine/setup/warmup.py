@@ -15,6 +15,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -82,11 +83,12 @@ def warm_up_kernels(
 class SamplerWarmUp:
     """The sampling kernel's variants: with and without top-p, with and without a mask, for
     logits in ``dtype`` (as the model computes them) and widened to float32 (where the
-    sampler changes them). From now on they compile in a process of its own (``python -m
-    infer.engine.setup.warmup``), which fills the kernel cache: Triton's compiler holds the
-    GIL, so compiles in threads only slowed the step kernels' beside them
-    (``benchmarks/results-by-topic/10-host-overheads.md``, 10.8, 10.9). ``wait`` then loads
-    each variant here, before graphs are captured (no other thread may launch then)."""
+    sampler changes them). From now on they compile in a process of their own (``python -m
+    infer.engine.setup.warmup``), a thread a variant, which fills the kernel cache: in
+    threads of the engine's own process they slowed its other start-up compiles, and in one
+    thread of another process they took three times as long
+    (``benchmarks/results-by-topic/10-host-overheads.md``, 10.9). ``wait`` then loads each
+    variant here, before graphs are captured (no other thread may launch then)."""
 
     def __init__(self, vocab_size: int, device: torch.device, dtype: torch.dtype) -> None:
         self._vocab_size, self._device, self._dtype = vocab_size, device, dtype
@@ -134,14 +136,20 @@ def _sample_once(
 
 
 def _compile_sampler_variants(vocab_size: str, device: str, dtype: str) -> None:
-    """The compiling process of ``SamplerWarmUp``: each variant once, into the kernel cache;
-    its start-up log line goes to the engine's log (this process's stderr is the engine's)."""
+    """The compiling process of ``SamplerWarmUp``: every variant at once, a thread each (their
+    compiles overlap), into the kernel cache; its start-up log line goes to the engine's log
+    (this process's stderr is the engine's)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     use_kernel_cache()
     JIT_LOG.install()
-    with start_up_part(COMPILE_PART):
-        for variant in sampler_variants(getattr(torch, dtype)):
+    variants = sampler_variants(getattr(torch, dtype))
+
+    def compile_one(variant: tuple[float, bool, torch.dtype]) -> None:
+        with JIT_LOG.running(COMPILE_PART):
             _sample_once(int(vocab_size), torch.device(device), *variant)
+
+    with start_up_part(COMPILE_PART), ThreadPoolExecutor(len(variants)) as pool:
+        list(pool.map(compile_one, variants))  # raises what a compile raised
 
 
 if __name__ == "__main__":
