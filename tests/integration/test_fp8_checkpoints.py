@@ -194,35 +194,6 @@ def test_fp8_checkpoint_generates_what_quantising_at_load_generates(
     assert [r.outputs[0].token_ids for r in ours] == [r.outputs[0].token_ids for r in theirs]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_norms_and_activations_inside_the_fp8_kernel_change_no_logits(
-    family: str, tiny_checkpoint: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On a GPU a step of few rows takes each block's pre-norm (with the residual add) and
-    the MLP's activation into the W8A16 kernel. Run here through Triton's interpreter, a
-    12-token prefill gives the logits of the norm, the product and the activation one after
-    another."""
-    import infer.kernels.fp8_linear_triton as kernels
-
-    model = load(tiny_checkpoint(family), "fp8")
-    prompt = list(range(3, 15))
-    unfused = prefill_logits(model, prompt)
-    fused_launches = []
-    normed_linear = kernels.w8a16_normed_linear_triton
-
-    def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        fused_launches.append(args[-1])  # the activation, None for q/k/v
-        return normed_linear(*args)
-
-    monkeypatch.setattr(kernels, "w8a16_normed_linear_triton", counted)
-    monkeypatch.setattr("infer.models.fp8.use_triton", lambda x: True)
-    fused = prefill_logits(model, prompt)
-    layers = model.config.num_layers
-    activation = "gelu_tanh" if family == "gemma3" else "silu"
-    assert sorted(map(str, fused_launches)) == sorted(["None", activation] * layers)
-    torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-4)
-
-
 def test_kv_cache_scales_load_as_the_attention_layers_scales(
     tiny_checkpoint: Callable[[str], Path], tmp_path: Path
 ) -> None:

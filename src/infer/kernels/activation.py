@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -34,10 +32,3 @@ def gelu_tanh_and_mul(x: Tensor) -> Tensor:
 
         return gelu_tanh_and_mul_triton(x)
     return gelu_tanh_and_mul_torch(x)
-
-
-# The MLPs' gated activations by the name the fused FP8 kernel takes (``ACT``).
-GATED_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": silu_and_mul,
-    "gelu_tanh": gelu_tanh_and_mul,
-}

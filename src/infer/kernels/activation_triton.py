@@ -11,25 +11,18 @@ _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def gated(gate, up, ACT: tl.constexpr):
-    """``act(gate) * up`` in float32 (``ACT``: "silu" or "gelu_tanh"); also the epilogue of
-    the FP8 kernel that computes gate and up itself."""
-    if ACT == "silu":
-        act = gate * tl.sigmoid(gate)
-    else:  # gelu, tanh approximation: 0.5 * (1 + tanh(u)) == sigmoid(2u)
-        u = _SQRT_2_OVER_PI * (gate + 0.044715 * gate * gate * gate)
-        act = gate * tl.sigmoid(2.0 * u)
-    return act * up
-
-
-@triton.jit
 def _gated_act_kernel(Out, X, n_cols, stride_o, stride_x, ACT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     gate = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(X + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + cols, gated(gate, up, ACT).to(Out.dtype.element_ty), mask=mask)
+    if ACT == "silu":
+        act = gate * tl.sigmoid(gate)
+    else:  # gelu, tanh approximation: 0.5 * (1 + tanh(u)) == sigmoid(2u)
+        u = _SQRT_2_OVER_PI * (gate + 0.044715 * gate * gate * gate)
+        act = gate * tl.sigmoid(2.0 * u)
+    tl.store(Out + row * stride_o + cols, (act * up).to(Out.dtype.element_ty), mask=mask)
 
 
 def _gated(x: Tensor, act: str) -> Tensor:

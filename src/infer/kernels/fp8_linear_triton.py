@@ -3,9 +3,7 @@
 * ``w8a16_linear_triton``: ``x @ (q_w * s_w).T`` for a few rows. The FP8 weight ``[N, K]`` is
   read once and widened in registers; the activations stay in their dtype (no activation
   quantisation) and the per-output-channel scales are applied once, after the sum. A step of
-  few rows is bound by reading the weights, and FP8 halves those bytes; at one row a step is
-  also a chain of small launches, so the same kernel can apply the RMSNorm before it (and
-  the residual add) and the MLP's gated activation after it (``w8a16_normed_linear_triton``).
+  few rows is bound by reading the weights, and FP8 halves those bytes.
 * ``quantize_rows_triton``: each row's amax, scale and e4m3 cast in one pass over it, for the
   many-row path (``torch._scaled_mm`` row-wise), which wants FP8 activations.
 
@@ -14,16 +12,14 @@ Both launch on shapes only (no host reads), so a CUDA graph captures them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.activation_triton import gated
 from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE
-from infer.kernels.rms_norm import RowNorm
 
 
 @dataclass(frozen=True)
@@ -43,11 +39,6 @@ class W8A16Tile:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
-
-    def per_half(self) -> W8A16Tile:
-        """The tile of a gated launch, whose programs read ``block_n`` rows of the gate and
-        as many of the up projection: half the outputs, the same bytes a program."""
-        return replace(self, block_n=self.block_n // 2)
 
 
 # Output features from which one or two rows read the weight through narrow dots rather
@@ -80,10 +71,8 @@ def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
 @triton.jit(do_not_specialize=["M"])  # one variant for every row count of a tile
 def _w8a16_kernel(
     X, W, Scale, Out, M, N, K, stride_xm, stride_wn, stride_om,
-    Residual, ResidualOut, NormWeight, stride_rm, stride_rom, eps, norm_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_DOT: tl.constexpr,
-    NORM: tl.constexpr, ADD_RESIDUAL: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
 ):
     # The row tile varies fastest, so the programs that share a weight tile run together
     # and all but the first find it in L2.
@@ -99,63 +88,29 @@ def _w8a16_kernel(
     k_lo = pid_k * k_len
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    # GATED: the weight is [gate | up], N rows each; a program sums both for its outputs.
-    up_ptrs = w_ptrs + N * stride_wn
-    r_ptrs = Residual + offs_m[:, None].to(tl.int64) * stride_rm + offs_k[None, :]
-    ro_ptrs = ResidualOut + offs_m[:, None].to(tl.int64) * stride_rom + offs_k[None, :]
-    sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc3_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, k_len, BLOCK_K):
-        k_ok = (k0 + offs_k) < k_len
-        x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & k_ok[None, :]  # EVEN_K: full width
-        x = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-        if NORM:  # RMSNorm of (x + residual): the sum of squares now, the root at the end
-            if ADD_RESIDUAL:
-                r = tl.load(r_ptrs + k0, mask=x_mask, other=0.0)
-                # Rounded to the input dtype first, as the unfused ``x + residual``.
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-                if pid_n == 0:  # one program a row tile writes the sum
-                    tl.store(ro_ptrs + k0, x, mask=x_mask)
-            xf = x.to(tl.float32)
-            sum_sq += tl.sum(xf * xf, 1)
-            g = tl.load(NormWeight + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            x = (xf * (g + norm_offset)[None, :]).to(X.dtype.element_ty)
-        if EVEN_K and EVEN_N:
-            w = tl.load(w_ptrs + k0)
-            if GATED:
-                w_up = tl.load(up_ptrs + k0)
+        if EVEN_K:  # no mask along K: full-width loads
+            x = tl.load(x_ptrs + k0, mask=m_ok[:, None], other=0.0)
+            if EVEN_N:
+                w = tl.load(w_ptrs + k0)
+            else:
+                w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0)
         else:
-            w_mask = n_ok[:, None] & k_ok[None, :]
-            w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)
-            if GATED:
-                w_up = tl.load(up_ptrs + k0, mask=w_mask, other=0.0)
+            k_ok = (k0 + offs_k) < k_len
+            x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-            if GATED:
-                acc_up += tl.dot(x, tl.trans(w_up.to(x.dtype)))
         else:
             acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-            if GATED:
-                acc3_up += x.to(tl.float32)[:, None, :] * w_up.to(tl.float32)[None, :, :]
     if not USE_DOT:
         acc = tl.sum(acc3, 2)
-        if GATED:
-            acc_up = tl.sum(acc3_up, 2)
     scale = tl.load(Scale + offs_n, mask=n_ok, other=0.0)
     acc = acc * scale[None, :]
-    if NORM:
-        inv_rms = tl.rsqrt(sum_sq / K + eps)
-        acc = acc * inv_rms[:, None]
-    if GATED:
-        up = acc_up * tl.load(Scale + N + offs_n, mask=n_ok, other=0.0)[None, :]
-        if NORM:
-            up = up * inv_rms[:, None]
-        acc = gated(acc, up, ACT)
     o_ptrs = Out + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
@@ -182,73 +137,31 @@ def _quantize_rows_kernel(
 # fmt: on
 
 
-def w8a16_linear_triton(
-    x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W8A16Tile, gated_act: str | None = None
-) -> Tensor:
+def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W8A16Tile) -> Tensor:
     """``x [M, K] @ (weight [N, K] * weight_scale [N, None]).T`` in ``x``'s dtype, with the
     FP8 weight widened in registers; ``x`` is a bfloat16/float16/float32 matrix whose last
-    dimension is contiguous. With ``gated_act`` ("silu", "gelu_tanh") the weight is
-    ``[gate | up]`` and the result ``act(gate) * up`` (``[M, N / 2]``): the MLP's activation
-    in the same kernel."""
-    return _launch(x, None, None, weight, weight_scale, tile, gated_act)[0]
-
-
-def w8a16_normed_linear_triton(
-    x: Tensor,
-    residual: Tensor | None,
-    norm: RowNorm,
-    weight: Tensor,
-    weight_scale: Tensor,
-    tile: W8A16Tile,
-    gated_act: str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``w8a16_linear_triton(rms_norm(x + residual))`` and ``x + residual`` (``x`` itself
-    without a residual), in one kernel: each program sums the squares of the rows it reads
-    anyway and applies the root after its sum, so the norm costs no launch and no pass of
-    its own. One program a row tile writes the new residual."""
-    return _launch(x, residual, norm, weight, weight_scale, tile, gated_act)
-
-
-def _launch(
-    x: Tensor,
-    residual: Tensor | None,
-    norm: RowNorm | None,
-    weight: Tensor,
-    weight_scale: Tensor,
-    tile: W8A16Tile,
-    gated_act: str | None,
-) -> tuple[Tensor, Tensor]:
+    dimension is contiguous."""
     m, k = x.shape
-    n = weight.shape[0] // 2 if gated_act else weight.shape[0]
+    n = weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("w8a16_linear_triton needs contiguous rows (last dimension)")
     if tile.split_k > 1 and k % (tile.split_k * tile.block_k):
         raise ValueError(f"split_k {tile.split_k} x block_k {tile.block_k} must divide K={k}")
-    if tile.split_k > 1 and (norm is not None or gated_act):
-        raise ValueError("split_k: a norm or an activation needs each program's whole sum")
-    if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
-        raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
-    summed = x if residual is None else torch.empty_like(x)
+    use_dot = tile.block_m >= 16
     if tile.split_k > 1:
         out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     else:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
-        return out.to(x.dtype), summed
-    residual_in = x if residual is None else residual
+        return out.to(x.dtype)
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), tile.split_k)
     _w8a16_kernel[grid](
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        residual_in, summed, weight_scale if norm is None else norm.weight,
-        residual_in.stride(0), summed.stride(0),
-        0.0 if norm is None else norm.eps, 0.0 if norm is None else norm.offset,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=tile.block_m >= 16, NORM=norm is not None, ADD_RESIDUAL=residual is not None,
-        GATED=gated_act is not None, ACT=gated_act or "silu",
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        USE_DOT=use_dot, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
-    return (out if tile.split_k == 1 else out.to(x.dtype)), summed
+    return out if tile.split_k == 1 else out.to(x.dtype)
 
 
 def quantize_rows_triton(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -41,19 +39,3 @@ def fused_add_rms_norm(
 
         return fused_add_rms_norm_triton(x, residual, weight, eps, offset)
     return fused_add_rms_norm_torch(x, residual, weight, eps, offset)
-
-
-@dataclass(frozen=True)
-class RowNorm:
-    """An RMSNorm's parameters, for a kernel that applies the norm to its own input (the FP8
-    projections of few rows) as well as for the norm alone."""
-
-    weight: Tensor
-    eps: float
-    offset: float = 0.0
-
-    def apply(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
-        """``(rms_norm(x + residual), x + residual)``; without a residual ``(rms_norm(x), x)``."""
-        if residual is None:
-            return rms_norm(x, self.weight, self.eps, self.offset), x
-        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)

@@ -9,6 +9,7 @@ issues fewer, larger matrix multiplications; ``load_weight`` maps Hugging Face n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar, cast
 
 import torch
@@ -17,8 +18,7 @@ from torch import Tensor, nn
 from infer.attention import AttentionMetadata, attend
 from infer.config import ModelConfig, RopeConfig
 from infer.distributed.group import SINGLE, ParallelGroup
-from infer.kernels import rms_norm
-from infer.kernels.rms_norm import RowNorm
+from infer.kernels import fused_add_rms_norm, rms_norm
 from infer.models.parallel_layers import (
     CheckpointTensor,
     ColumnParallelLinear,
@@ -43,15 +43,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Returns ``(normed, residual_out)``; without a residual, ``residual_out`` is ``x``."""
-        return self.row_norm.apply(x, residual)
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps, self.offset), x
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)
 
     def norm(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps, self.offset)
-
-    @property
-    def row_norm(self) -> RowNorm:
-        """The parameters, for a projection that applies this norm to its own input."""
-        return RowNorm(self.weight, self.eps, self.offset)
 
 
 def rope_cos_sin_cache(head_dim: int, max_positions: int, rope: RopeConfig) -> Tensor:
@@ -143,19 +140,9 @@ class Attention(nn.Module):
         # What an FP8 cache multiplies K and V by: the checkpoint's, else 1 (as vLLM).
         self.kv_scales = (1.0, 1.0)
 
-    def forward(
-        self,
-        x: Tensor,
-        residual: Tensor | None,
-        norm: RMSNorm,
-        meta: AttentionMetadata,
-        cos_sin: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Attention over ``norm(x + residual)``, and the new residual ``x + residual``
-        (the layer's pre-norm goes into the q/k/v projection, fused where it can be)."""
+    def forward(self, x: Tensor, meta: AttentionMetadata, cos_sin: Tensor) -> Tensor:
         tokens = x.shape[0]
-        qkv, residual = self.qkv_proj.normed(x, residual, norm.row_norm)
-        q, k, v = qkv.split(self.split, dim=-1)
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -174,14 +161,19 @@ class Attention(nn.Module):
             sliding_window=self.sliding_window,
             kv_scales=self.kv_scales,
         )
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim)), residual
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with gate and up fused into one projection; ``act``
-    names one of ``GATED_ACTIVATIONS``."""
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one projection."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, group: ParallelGroup = SINGLE):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        act: Callable[[Tensor], Tensor],
+        group: ParallelGroup = SINGLE,
+    ):
         super().__init__()
         split = Split(intermediate, group.world_size)
         self.gate_up_proj = ColumnParallelLinear(
@@ -190,11 +182,8 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=False, group=group)
         self.act = act
 
-    def forward(self, x: Tensor, residual: Tensor | None, norm: RMSNorm) -> tuple[Tensor, Tensor]:
-        """The MLP of ``norm(x + residual)``, and the new residual ``x + residual`` (the
-        pre-norm and the activation go into the gate/up projection, fused where they can)."""
-        gated, residual = self.gate_up_proj.normed(x, residual, norm.row_norm, self.act)
-        return self.down_proj(gated), residual
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderStack(nn.Module):

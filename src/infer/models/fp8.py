@@ -17,18 +17,11 @@ operands widened to float32: the reference the GPU paths are tested against.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-from infer.kernels.activation import GATED_ACTIVATIONS
 from infer.kernels.dispatch import use_triton
 from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE, to_fp8
-from infer.kernels.rms_norm import RowNorm
-
-if TYPE_CHECKING:
-    from infer.kernels.fp8_linear_triton import W8A16Tile
 
 __all__ = [
     "FP8",
@@ -37,7 +30,6 @@ __all__ = [
     "dequantize_rows",
     "fp8_linear",
     "fp8_matmul_reference",
-    "fp8_normed_linear",
     "quantize_rows",
     "w8a16_reference",
 ]
@@ -61,75 +53,42 @@ def dequantize_rows(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32
 
 
 def fp8_linear(
-    x: Tensor,
-    weight: Tensor,
-    weight_scale: Tensor,
-    *,
-    w8a16_max_rows: int | None = None,
-    gated_act: str | None = None,
+    x: Tensor, weight: Tensor, weight_scale: Tensor, *, w8a16_max_rows: int | None = None
 ) -> Tensor:
     """``x @ weight.T`` in ``x``'s dtype, for ``x [..., K]`` and ``weight [N, K]`` FP8 with
     float32 row scales ``[N]``: W8A16 up to ``w8a16_max_rows`` rows (default
-    ``W8A16_MAX_ROWS``), W8A8 (activations quantised per token) above. With ``gated_act``
-    (a key of ``GATED_ACTIVATIONS``) the weight is ``[gate | up]`` and the result
-    ``act(gate) * up``, inside the W8A16 kernel where it runs."""
+    ``W8A16_MAX_ROWS``), W8A8 (activations quantised per token) above."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     limit = W8A16_MAX_ROWS if w8a16_max_rows is None else w8a16_max_rows
     few = rows.shape[0] <= limit
     if use_triton(x):
-        from infer.kernels.fp8_linear_triton import quantize_rows_triton, w8a16_linear_triton
+        from infer.kernels.fp8_linear_triton import (
+            quantize_rows_triton,
+            w8a16_linear_triton,
+            w8a16_tile,
+        )
 
         rows = rows if rows.stride(-1) == 1 else rows.contiguous()
         if few or not _fits_scaled_mm(weight):
-            tile = _tile(rows.shape[0], weight, gated_act)
-            out = w8a16_linear_triton(rows, weight, weight_scale, tile, gated_act)
-            return out.reshape(*lead, out.shape[-1])
-        x_q, x_scale = quantize_rows_triton(rows)
-        # Row-wise scaling produces bfloat16 only; ``weight.t()`` is the column-major
-        # second operand the kernel wants, without a copy.
-        out = torch._scaled_mm(
-            x_q,
-            weight.t(),
-            scale_a=x_scale.unsqueeze(1),
-            scale_b=weight_scale.unsqueeze(0),
-            out_dtype=torch.bfloat16,
-        ).to(x.dtype)
+            n = weight.shape[0]
+            out = w8a16_linear_triton(rows, weight, weight_scale, w8a16_tile(rows.shape[0], n, k))
+        else:
+            x_q, x_scale = quantize_rows_triton(rows)
+            # Row-wise scaling produces bfloat16 only; ``weight.t()`` is the column-major
+            # second operand the kernel wants, without a copy.
+            out = torch._scaled_mm(
+                x_q,
+                weight.t(),
+                scale_a=x_scale.unsqueeze(1),
+                scale_b=weight_scale.unsqueeze(0),
+                out_dtype=torch.bfloat16,
+            ).to(x.dtype)
     elif few:
         out = w8a16_reference(rows, weight, weight_scale).to(x.dtype)
     else:
         out = fp8_matmul_reference(*quantize_rows(rows), weight, weight_scale).to(x.dtype)
-    out = out.reshape(*lead, weight.shape[0])
-    return out if gated_act is None else GATED_ACTIVATIONS[gated_act](out)
-
-
-def fp8_normed_linear(
-    x: Tensor,
-    residual: Tensor | None,
-    norm: RowNorm,
-    weight: Tensor,
-    weight_scale: Tensor,
-    *,
-    gated_act: str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``fp8_linear(rms_norm(x + residual))`` and ``x + residual`` (``x`` without a
-    residual), for ``x [T, K]``. A W8A16 step (few rows, Triton) does the add and the norm in
-    the projection's kernel: one launch instead of two, where one row's step is a chain of
-    small launches."""
-    if use_triton(x) and x.shape[0] <= W8A16_MAX_ROWS and x.stride(-1) == 1:
-        from infer.kernels.fp8_linear_triton import w8a16_normed_linear_triton
-
-        tile = _tile(x.shape[0], weight, gated_act)
-        return w8a16_normed_linear_triton(x, residual, norm, weight, weight_scale, tile, gated_act)
-    normed, summed = norm.apply(x, residual)
-    return fp8_linear(normed, weight, weight_scale, gated_act=gated_act), summed
-
-
-def _tile(m: int, weight: Tensor, gated_act: str | None) -> W8A16Tile:
-    from infer.kernels.fp8_linear_triton import w8a16_tile
-
-    tile = w8a16_tile(m, *weight.shape)
-    return tile if gated_act is None else tile.per_half()
+    return out.reshape(*lead, weight.shape[0])
 
 
 def w8a16_reference(x: Tensor, w_q: Tensor, w_scale: Tensor) -> Tensor:

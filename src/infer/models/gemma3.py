@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from infer.attention import AttentionMetadata
 from infer.config import ModelConfig
 from infer.distributed.group import ParallelGroup
+from infer.kernels import gelu_tanh_and_mul
 from infer.models.common import Attention, DecoderModel, GatedMLP, RMSNorm
 
 
@@ -18,7 +19,7 @@ class Gemma3DecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.self_attn = Attention(config, layer_idx, qk_norm=True, norm_offset=1.0, group=group)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "gelu_tanh", group)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, gelu_tanh_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, offset=1.0)
@@ -31,10 +32,10 @@ class Gemma3DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        h, residual = self.self_attn(x, residual, self.input_layernorm, meta, cos_sin)
-        h = self.post_attention_layernorm.norm(h)
-        h, residual = self.mlp(h, residual, self.pre_feedforward_layernorm)
-        return self.post_feedforward_layernorm.norm(h), residual
+        h, residual = self.input_layernorm(x, residual)
+        h = self.post_attention_layernorm.norm(self.self_attn(h, meta, cos_sin))
+        h, residual = self.pre_feedforward_layernorm(h, residual)
+        return self.post_feedforward_layernorm.norm(self.mlp(h)), residual
 
 
 class Gemma3ForCausalLM(DecoderModel):

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from infer.attention import AttentionMetadata
 from infer.config import ModelConfig
 from infer.distributed.group import ParallelGroup
+from infer.kernels import silu_and_mul
 from infer.models.common import Attention, DecoderModel, GatedMLP, RMSNorm
 
 
@@ -16,7 +17,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_idx, qk_norm=qk_norm, norm_offset=0.0, group=group)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu", group)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, silu_and_mul, group)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -28,8 +29,10 @@ class LlamaDecoderLayer(nn.Module):
         cos_sin: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """Takes the previous layer's output and the running residual (added here, fused)."""
-        h, residual = self.self_attn(x, residual, self.input_layernorm, meta, cos_sin)
-        return self.mlp(h, residual, self.post_attention_layernorm)
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, meta, cos_sin)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(DecoderModel):

@@ -27,9 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infer.distributed.group import ParallelGroup
-from infer.kernels.activation import GATED_ACTIVATIONS
-from infer.kernels.rms_norm import RowNorm
-from infer.models.fp8 import FP8, fp8_linear, fp8_normed_linear, quantize_rows
+from infer.models.fp8 import FP8, fp8_linear, quantize_rows
 
 # A checkpoint tensor: a torch tensor or a lazy safetensors slice (``get_shape``, ``[...]``).
 CheckpointTensor = Any
@@ -179,21 +177,6 @@ class ColumnParallelLinear(ParallelLinear):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.matmul(x, self.bias)
-
-    def normed(
-        self, x: Tensor, residual: Tensor | None, norm: RowNorm, gated_act: str | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """This projection of ``norm(x + residual)``, and ``x + residual`` (``x`` without a
-        residual); with ``gated_act`` (``GATED_ACTIVATIONS``), ``act(gate) * up`` of its two
-        halves. FP8 weights without a bias take the norm and the activation into their
-        kernel where a step has few rows."""
-        if self.weight_scale is not None and self.bias is None:
-            return fp8_normed_linear(
-                x, residual, norm, self.weight, self.weight_scale, gated_act=gated_act
-            )
-        normed, summed = norm.apply(x, residual)
-        out = self(normed)
-        return (out if gated_act is None else GATED_ACTIVATIONS[gated_act](out)), summed
 
     def full_shape(self, param: str) -> tuple[int, ...]:
         rows = sum(split.size for split in self.shards.values())

@@ -1,6 +1,5 @@
 """The FP8 linear kernels against their torch references (Triton interpreter on CPU): the
-W8A16 product on every path (CUDA-core sums, dots, split K, ragged edges), with the
-residual add and RMSNorm before it and the gated activation after it, and the fused
+W8A16 product on every path (CUDA-core sums, dots, split K, ragged edges) and the fused
 per-row quantisation, bit for bit."""
 
 from __future__ import annotations
@@ -9,15 +8,12 @@ import pytest
 import torch
 from tests.conftest import CUDA_PARAM
 
-from infer.kernels.activation import GATED_ACTIVATIONS
 from infer.kernels.fp8_linear_triton import (
     W8A16Tile,
     quantize_rows_triton,
     w8a16_linear_triton,
-    w8a16_normed_linear_triton,
     w8a16_tile,
 )
-from infer.kernels.rms_norm import RowNorm
 from infer.models.fp8 import quantize_rows, w8a16_reference
 
 # The interpreter's bfloat16 ``tl.dot`` multiplies the raw bits: dots are checked in float16
@@ -47,71 +43,6 @@ def test_w8a16_matches_the_reference_on_ragged_shapes(
     # Rounded once to the output dtype; the float32 sums differ in order only.
     rtol = 1e-5 if dtype == torch.float32 else 2**-7
     torch.testing.assert_close(out.float(), reference, rtol=rtol, atol=rtol * reference.abs().max())
-
-
-def _fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_rows(torch.randn(n, k) * torch.logspace(-2, 2, n)[:, None])
-
-
-FUSED_TILES = [t for t in TILES if t.values[0].split_k == 1]  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize(("tile", "dtype"), FUSED_TILES)
-@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first-layer"])
-@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 48, 128), (3, 40, 96), (19, 32, 64)])
-def test_normed_w8a16_is_the_norm_then_the_product(
-    tile: W8A16Tile, dtype: torch.dtype, with_residual: bool, offset: float, m: int, n: int, k: int
-) -> None:
-    """The RMSNorm of ``x + residual`` applied while the kernel reads its rows equals the
-    norm alone, then the product; the sum comes back as the next residual."""
-    torch.manual_seed(m + n + k)
-    x = (torch.randn(m, k) * 3).to(dtype)
-    residual = torch.randn(m, k).to(dtype) if with_residual else None
-    norm = RowNorm(torch.rand(k) + 0.5, eps=1e-6, offset=offset)
-    w_q, w_scale = _fp8_weight(n, k)
-    out, summed = w8a16_normed_linear_triton(x, residual, norm, w_q, w_scale, tile)
-    normed, summed_reference = norm.apply(x, residual)
-    # The same rounding of the sum (the interpreter's bfloat16 cast truncates: one step).
-    spacing = 2**-7 if dtype == torch.bfloat16 else 0.0
-    torch.testing.assert_close(summed, summed_reference, rtol=spacing, atol=0)
-    reference = w8a16_reference(normed, w_q, w_scale)
-    # The kernel scales by the root after its sum, the reference rounds the normed rows.
-    rtol = 1e-5 if dtype == torch.float32 else 2**-7
-    torch.testing.assert_close(out.float(), reference, rtol=rtol, atol=rtol * reference.abs().max())
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize(("tile", "dtype"), FUSED_TILES)
-@pytest.mark.parametrize("act", sorted(GATED_ACTIVATIONS))
-@pytest.mark.parametrize("normed", [False, True], ids=["plain", "normed"])
-def test_gated_w8a16_is_the_product_then_the_activation(
-    tile: W8A16Tile, dtype: torch.dtype, act: str, normed: bool
-) -> None:
-    """``[gate | up]`` weights: each program sums both halves for its outputs and returns
-    ``act(gate) * up``, as the MLP's activation after the whole product does."""
-    torch.manual_seed(7)
-    m, n, k = 3, 40, 96
-    x, residual = (torch.randn(m, k) * 3).to(dtype), torch.randn(m, k).to(dtype)
-    norm = RowNorm(torch.rand(k) + 0.5, eps=1e-6)
-    w_q, w_scale = _fp8_weight(2 * n, k)
-    half = tile.per_half() if tile.block_n >= 32 or tile.block_m < 16 else tile
-    if normed:
-        out, _ = w8a16_normed_linear_triton(x, residual, norm, w_q, w_scale, half, act)
-        x = norm.apply(x, residual)[0]
-    else:
-        out = w8a16_linear_triton(x, w_q, w_scale, half, act)
-    reference = GATED_ACTIVATIONS[act](w8a16_reference(x, w_q, w_scale))
-    assert out.shape == (m, n)
-    rtol = 1e-5 if dtype == torch.float32 else 2**-7
-    torch.testing.assert_close(out.float(), reference, rtol=rtol, atol=rtol * reference.abs().max())
-
-
-def test_a_norm_or_an_activation_refuses_split_k() -> None:
-    w_q, w_scale = _fp8_weight(32, 128)
-    with pytest.raises(ValueError, match="split_k"):
-        split = W8A16Tile(1, 16, 32, split_k=2)
-        w8a16_linear_triton(torch.randn(1, 128), w_q, w_scale, split, "silu")
 
 
 def test_w8a16_reads_strided_rows() -> None:

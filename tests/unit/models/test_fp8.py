@@ -1,14 +1,12 @@
 """FP8 quantisation per row and the two matmuls: W8A16 for a few rows, W8A8 for many. The
 CPU references (the math of the W8A16 kernel and of ``torch._scaled_mm``), and on a GPU
-each path against its reference, with the norm before it and the activation after it."""
+each path against its reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from infer.kernels.activation import GATED_ACTIVATIONS
-from infer.kernels.rms_norm import RowNorm
 from infer.models.fp8 import (
     FP8,
     FP8_MAX,
@@ -16,7 +14,6 @@ from infer.models.fp8 import (
     dequantize_rows,
     fp8_linear,
     fp8_matmul_reference,
-    fp8_normed_linear,
     quantize_rows,
     w8a16_reference,
 )
@@ -127,33 +124,3 @@ def test_gpu_paths_match_their_references(
     # error grows with the sum's largest terms rather than with each output.
     atol = 2**-12 * reference.abs().max().item()
     torch.testing.assert_close(ours.float(), reference, rtol=2**-7, atol=atol)
-
-
-@pytest.mark.parametrize("tokens", [1, 2, 16, 17])
-@pytest.mark.parametrize(
-    ("out_features", "act"), [(5120, None), (16384, "silu"), (3072, "gelu_tanh")]
-)
-@pytest.mark.parametrize("_", [pytest.param(None, marks=gpu)])
-def test_gpu_normed_paths_match_their_references(
-    tokens: int, out_features: int, act: str | None, _: None
-) -> None:
-    """The residual add, RMSNorm and gated activation around an FP8 projection (inside the
-    W8A16 kernel up to ``W8A16_MAX_ROWS`` rows) against the norm, the reference product and
-    the activation one after another, at llama-3.2-3b's shapes."""
-    torch.manual_seed(tokens)
-    x, residual = (torch.randn(tokens, 3072, device="cuda", dtype=torch.bfloat16) for _ in "xr")
-    norm = RowNorm(torch.rand(3072, device="cuda", dtype=torch.bfloat16) + 0.5, eps=1e-5)
-    w_q, w_scale = quantize_rows(torch.randn(out_features, 3072, device="cuda"))
-    ours, summed = fp8_normed_linear(x, residual, norm, w_q, w_scale, gated_act=act)
-    normed, summed_reference = norm.apply(x, residual)
-    assert torch.equal(summed, summed_reference)
-    if tokens <= W8A16_MAX_ROWS:
-        reference = w8a16_reference(normed, w_q, w_scale)
-    else:
-        reference = fp8_matmul_reference(*quantize_rows(normed), w_q, w_scale)
-    reference = reference if act is None else GATED_ACTIVATIONS[act](reference)
-    assert ours.dtype == torch.bfloat16 and ours.shape == reference.shape
-    # The kernel rounds ``x * weight`` before the sum and applies the root after it, where
-    # the reference rounds the normed rows: a few bfloat16 steps of the sum's largest terms.
-    atol = 2**-8 * reference.abs().max().item()
-    torch.testing.assert_close(ours.float(), reference, rtol=2**-6, atol=atol)
