@@ -40,10 +40,6 @@ INFER_MARKERS = (
     Marker("KV cache sized in", r"start-up: \S+: size the KV cache in ([\d.]+) s"),
     Marker("step kernels warmed up in", r"start-up: \S+: warm up the step kernels in ([\d.]+) s"),
     Marker(
-        "sampling kernels built in their own process in",
-        r"start-up: the sampling kernels, in a process of their own.* in ([\d.]+) s",
-    ),
-    Marker(
         "waited for the sampling kernels",
         r"start-up: wait for the sampling kernels.* in ([\d.]+) s",
     ),

@@ -85,12 +85,13 @@ class JitLog:
         return True
 
     @contextmanager
-    def running(self, part: str) -> Iterator[list[KernelVariant]]:
+    def running(self, part: str, since: int | None = None) -> Iterator[list[KernelVariant]]:
         """Attribute the variants this thread builds meanwhile to ``part``; yields the list
-        they join when it ends, with those other threads built in ``part`` meanwhile."""
+        they join when it ends, with those other threads built in ``part`` since the log
+        held ``since`` variants (default: from now on)."""
         previous = getattr(self._parts, "part", None)
         self._parts.part = part
-        start = len(self.variants)
+        start = len(self.variants) if since is None else since
         built: list[KernelVariant] = []
         try:
             yield built

@@ -94,7 +94,7 @@ def build_rank(
             sampler.abandon()
         raise
     if sampler is not None:  # before graphs are captured: no other thread may launch then
-        with start_up_part(SAMPLER_PART):
+        with start_up_part(SAMPLER_PART, since=sampler.since):
             sampler.wait()
     if graphs is not None:
         with start_up_part(

@@ -35,14 +35,16 @@ class StartUpPart:
 
 
 @contextmanager
-def start_up_part(label: str, *, log: bool = True) -> Iterator[StartUpPart]:
+def start_up_part(
+    label: str, *, log: bool = True, since: int | None = None
+) -> Iterator[StartUpPart]:
     """Time the block as one part of the start-up; log it (``log``: this rank logs) with
-    each kernel variant built in it (and in other threads' parts of the same label
-    meanwhile: ``JitLog.running``)."""
+    each kernel variant built in it (and in other threads' parts of the same label since
+    ``since``: ``JitLog.running``)."""
     part = StartUpPart(label)
     start = time.perf_counter()
     try:
-        with JIT_LOG.running(label) as built:
+        with JIT_LOG.running(label, since) as built:
             yield part
     finally:
         part.seconds = time.perf_counter() - start

@@ -2,18 +2,15 @@
 
 The sampling kernel's variants (with or without top-p, a grammar mask, for each logits
 dtype) are the longest compiles of the start-up (``benchmarks/results-by-topic/
-10-host-overheads.md``, 10.4) and need nothing but the vocabulary, so they compile in a
-process of their own beside the model's loading (``SamplerWarmUp``); the step kernels need
-the model and its pool (``warm_up_kernels``).
+10-host-overheads.md``, 10.4) and need nothing but the vocabulary, so they compile in threads
+of their own beside the model's loading
+(``SamplerWarmUp``); the step kernels need the model and its pool (``warm_up_kernels``).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
-import subprocess
-import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,16 +18,11 @@ import torch
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.protocol import CachePoolProtocol
-from infer.engine.setup.start_up_log import start_up_part
-from infer.kernels.jit_cache import use_kernel_cache
 from infer.kernels.jit_log import JIT_LOG
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 from infer.models import DecoderModel
 
-SAMPLER_PART = "wait for the sampling kernels (compiled beside the loading), load them"
-COMPILE_PART = "the sampling kernels, in a process of their own beside the loading"
-
-logger = logging.getLogger(__name__)
+SAMPLER_PART = "wait for the sampling kernels (compiled beside the loading)"
 
 
 @torch.inference_mode()
@@ -81,76 +73,47 @@ def warm_up_kernels(
 
 
 class SamplerWarmUp:
-    """The sampling kernel's variants: with and without top-p, with and without a mask, for
-    logits in ``dtype`` (as the model computes them) and widened to float32 (where the
-    sampler changes them). From now on they compile in a process of their own (``python -m
-    infer.engine.setup.warmup``), a thread a variant, which fills the kernel cache: in
-    threads of the engine's own process they slowed its other start-up compiles, and in one
-    thread of another process they took three times as long
-    (``benchmarks/results-by-topic/10-host-overheads.md``, 10.9). ``wait`` then loads each
-    variant here, before graphs are captured (no other thread may launch then)."""
+    """The sampling kernel's variants, compiled (or loaded from the kernel cache) in threads
+    of their own from now on: with and without top-p, with and without a mask, for logits
+    in ``dtype`` (as the model computes them) and widened to float32 (where the sampler
+    changes them). ``wait`` before graphs are captured (no other thread may launch then)."""
 
     def __init__(self, vocab_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        self._vocab_size, self._device, self._dtype = vocab_size, device, dtype
-        dtype_name = str(dtype).removeprefix("torch.")
-        command = [sys.executable, "-m", __name__, str(vocab_size), str(device), dtype_name]
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        variants = list(itertools.product((1.0, 0.9), (False, True), {dtype, torch.float32}))
+        self.since = len(JIT_LOG.variants)  # the variants built from here on are theirs
+        self._pool = ThreadPoolExecutor(len(variants), thread_name_prefix="infer-sampler-warm-up")
+        self._started = [
+            self._pool.submit(_sample_once, vocab_size, device, *variant) for variant in variants
+        ]
 
     def wait(self) -> None:
-        """Block until the compiling process ends, then load every variant from the kernel
-        cache (or compile it here, should that process have failed); raises what a compile
-        raised here."""
-        if code := self._process.wait():
-            logger.warning("the sampling kernels' compiling process ended with %d", code)
-        for variant in sampler_variants(self._dtype):
-            _sample_once(self._vocab_size, self._device, *variant)
+        """Block until every variant is built; raises what a compile raised."""
+        try:
+            for future in self._started:
+                future.result()
+        finally:
+            self._pool.shutdown()
 
     def abandon(self) -> None:
-        """The start-up failed: stop compiling."""
-        self._process.kill()
-        self._process.wait()
-
-
-def sampler_variants(dtype: torch.dtype) -> list[tuple[float, bool, torch.dtype]]:
-    """(top_p, masked, logits dtype) of each variant a step may launch."""
-    return list(itertools.product((1.0, 0.9), (False, True), {dtype, torch.float32}))
+        """The start-up failed: build no more variants (those compiling finish)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _sample_once(
     vocab_size: int, device: torch.device, top_p: float, masked: bool, dtype: torch.dtype
 ) -> None:
-    # Every dtype named: the model's loading sets torch's default dtype meanwhile (for the
-    # whole process), and a bfloat16 temperature does not compile.
-    ones = torch.ones(1, dtype=torch.float32, device=device)
-    ints = torch.zeros(1, dtype=torch.int64, device=device)
-    rows = RowSettings(
-        ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
-    )
-    mask = None
-    if masked:
-        every_token = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
-        mask = TokenMask(every_token.to(device), torch.zeros(1, dtype=torch.int32).to(device))
-    sample_filtered(torch.zeros(1, vocab_size, dtype=dtype, device=device), rows, mask)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _compile_sampler_variants(vocab_size: str, device: str, dtype: str) -> None:
-    """The compiling process of ``SamplerWarmUp``: every variant at once, a thread each (their
-    compiles overlap), into the kernel cache; its start-up log line goes to the engine's log
-    (this process's stderr is the engine's)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    use_kernel_cache()
-    JIT_LOG.install()
-    variants = sampler_variants(getattr(torch, dtype))
-
-    def compile_one(variant: tuple[float, bool, torch.dtype]) -> None:
-        with JIT_LOG.running(COMPILE_PART):
-            _sample_once(int(vocab_size), torch.device(device), *variant)
-
-    with start_up_part(COMPILE_PART), ThreadPoolExecutor(len(variants)) as pool:
-        list(pool.map(compile_one, variants))  # raises what a compile raised
-
-
-if __name__ == "__main__":
-    _compile_sampler_variants(*sys.argv[1:])
+    with JIT_LOG.running(SAMPLER_PART):
+        # Every dtype named: the model's loading sets torch's default dtype meanwhile (for
+        # the whole process), and a bfloat16 temperature does not compile.
+        ones = torch.ones(1, dtype=torch.float32, device=device)
+        ints = torch.zeros(1, dtype=torch.int64, device=device)
+        rows = RowSettings(
+            ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
+        )
+        mask = None
+        if masked:
+            every_token = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+            mask = TokenMask(every_token.to(device), torch.zeros(1, dtype=torch.int32).to(device))
+        sample_filtered(torch.zeros(1, vocab_size, dtype=dtype, device=device), rows, mask)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
