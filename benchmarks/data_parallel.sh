@@ -3,9 +3,11 @@
 # llama-3.2-3b with dummy weights (no checkpoint). Each server in turn: started, waited for,
 # sent `infer bench serve` (burst256, then prefix_caching), stopped. Owed: the burst at
 # >= 1.8x one replica's output tok/s, and prefix_caching's TTFT with -dp 2 near one
-# replica's and below -dp 2's without prefix caching (its advantage kept). Results (JSON,
-# logs, a table) go to $OUT/dp (or benchmarks/results/data-parallel-<date>). Run from the
-# repository root:
+# replica's and below -dp 2's without prefix caching (its advantage kept). The client sends
+# from CLIENT_PROCESSES processes (default 8): one Python client parses a few tens of
+# thousands of streamed tokens a second, about what one replica serves (16.3). Results
+# (JSON, logs, a table) go to $OUT/dp (or benchmarks/results/data-parallel-<date>). Run from
+# the repository root:
 #   benchmarks/data_parallel.sh          # about 6 minutes on 2 x H100, the start included
 # A dry run on the CPU (the script's own check, not a measurement):
 #   MODEL=smollm2-135m SERVE_FLAGS="--device cpu" BENCH_FLAGS="--num-requests 4 --max-tokens 4" \
@@ -40,7 +42,8 @@ run() {  # NAME WORKLOADS SERVE_FLAGS...: one server, its workloads, one JSON ea
   for workload in ${workloads//,/ }; do
     # shellcheck disable=SC2086
     timeout 300 python3 -m infer.cli bench serve --url "$url" --workload "$workload" \
-      --no-progress --output "$out/$name-$workload.json" ${BENCH_FLAGS:-} 2>&1 \
+      --client-processes "${CLIENT_PROCESSES:-8}" --no-progress \
+      --output "$out/$name-$workload.json" ${BENCH_FLAGS:-} 2>&1 \
       | grep -v 'httpx: HTTP Request' | tail -n 5 | tee -a "$out/$name.log"
   done
   curl -s "$url/metrics" | grep '^infer_replica_' > "$out/$name-replicas.prom"
