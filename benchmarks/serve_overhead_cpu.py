@@ -7,6 +7,7 @@ text prompts, streamed responses, one connection per request, all sent at once.
     python benchmarks/serve_overhead_cpu.py --endpoint chat       # /v1/chat/completions
     python benchmarks/serve_overhead_cpu.py --profile out.svg     # py-spy on the API process
     python benchmarks/serve_overhead_cpu.py --api-server-count 2  # two API processes
+    python benchmarks/serve_overhead_cpu.py --data-parallel-size 2  # two stand-in replicas
 
 Reports, per run:
 
@@ -96,12 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", type=Path, help="py-spy the API process into this SVG")
     parser.add_argument("--api-server-count", type=int, default=1, help="API processes")
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="stand-in replicas")
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return parser
 
 
 # --- the server (a child process) -----------------------------------------------------------
-def serve(port: int, step_s: float, api_server_count: int) -> None:
+def serve(port: int, step_s: float, api_server_count: int, data_parallel_size: int) -> None:
     if api_server_count > 1:  # before prometheus_client is imported, as `infer serve` does
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="metrics-"))
     from infer.config import EngineConfig
@@ -111,7 +113,8 @@ def serve(port: int, step_s: float, api_server_count: int) -> None:
     config = EngineConfig(model=MODEL, device="cpu", max_batch_size=256)
     factory = partial(standin_engine, step_s=step_s)
     server = build_server(config, port=port, log_level="warning", engine_factory=factory,
-                          api_server_count=api_server_count)  # fmt: skip
+                          api_server_count=api_server_count,
+                          data_parallel_size=data_parallel_size)  # fmt: skip
     server.run()
 
 
@@ -230,13 +233,14 @@ def main() -> None:
     args = _parser().parse_args()
     step_s = args.step_ms / 1000
     if args.serve is not None:
-        serve(args.serve, step_s, args.api_server_count)
+        serve(args.serve, step_s, args.api_server_count, args.data_parallel_size)
         return
     prompts = _prompts(args)
     requests = [_body(args.endpoint, prompt, max_tokens) for prompt, max_tokens in prompts]
     port = _free_port()
     command = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(args.step_ms),
-               "--api-server-count", str(args.api_server_count)]  # fmt: skip
+               "--api-server-count", str(args.api_server_count),
+               "--data-parallel-size", str(args.data_parallel_size)]  # fmt: skip
     server = subprocess.Popen(command)
     profiler = None
     try:
