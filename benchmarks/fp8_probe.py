@@ -8,10 +8,15 @@ from HBM): bf16 ``F.linear``; ``_scaled_mm`` row-wise after the eager per-token 
 ``_scaled_mm`` alone; the Triton W8A16 kernel at several tiles. Each W8A16 tile is checked
 against the dequantised reference once.
 
+Part ``pdl``: 28 layers of a decode step's kernels at one row (norm, qkv, o, norm, gate_up,
+activation, down) in one CUDA graph, launched with and without programmatic dependent launch
+(``INFER_DISABLE_PDL``) and with several L2 prefetch budgets; each variant's output is
+checked against the one launched without PDL (a race would differ).
+
 Part ``profile``: one decode step of batch 1 (CUDA graphs), bf16 and FP8 weights: ms a step
 and the replay's kernels by kind (``benchmarks/profile_decode_step.py``).
 
-    PYTHONPATH=src python benchmarks/fp8_probe.py --out $OUT/fp8 [--parts linear,profile]
+    PYTHONPATH=src python benchmarks/fp8_probe.py --out $OUT/fp8 [--parts linear,pdl,profile]
         [--quick]   (CPU: TRITON_INTERPRET=1, tiny shapes, no timings worth reading)
 """
 
@@ -22,6 +27,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -33,12 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from infer.engine.core.cuda_graphs import replay_ms
+from infer.kernels.activation_triton import silu_and_mul_triton
 from infer.kernels.fp8_linear_triton import (
     W8A16Tile,
     quantize_rows_triton,
     w8a16_linear_triton,
     w8a16_tile,
 )
+from infer.kernels.rms_norm_triton import fused_add_rms_norm_triton
 from infer.models.fp8 import dequantize_rows, quantize_rows
 
 SHAPES = {"qkv": (3072, 5120), "o": (3072, 3072), "gate_up": (3072, 16384), "down": (8192, 3072)}
@@ -303,6 +311,87 @@ def probe_chain(out: Path, tiles: dict[str, W8A16Tile], m: int, quick: bool) -> 
     (out / f"chain-m{m}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+Linear = Callable[[torch.Tensor, int], torch.Tensor]  # (x, the index of a weight) → x @ w.T
+
+
+def layer_chain(
+    linear: Linear, layers: int, x: torch.Tensor, norm_weight: torch.Tensor
+) -> Callable[[], torch.Tensor]:
+    """``layers`` decode layers' kernels around ``linear`` (attention left out: ``o`` reads the
+    first columns of ``qkv``'s output), weights ``4 * layer + (0: qkv, 1: o, 2: gate_up,
+    3: down)``."""
+    o_inputs = SHAPES["o"][0]
+
+    def run() -> torch.Tensor:
+        hidden, residual = x, torch.zeros_like(x)
+        for layer in range(layers):
+            normed, residual = fused_add_rms_norm_triton(hidden, residual, norm_weight, 1e-5)
+            qkv = linear(normed, 4 * layer)
+            normed, residual = fused_add_rms_norm_triton(
+                linear(qkv[:, :o_inputs], 4 * layer + 1), residual, norm_weight, 1e-5
+            )
+            hidden = linear(silu_and_mul_triton(linear(normed, 4 * layer + 2)), 4 * layer + 3)
+        return hidden
+
+    return run
+
+
+def probe_pdl(out: Path, m: int, quick: bool) -> None:
+    """A step's kernels at ``m`` rows with and without PDL, and with L2 prefetch budgets."""
+    device = torch.device("cpu" if quick else "cuda")
+    layers = 1 if quick else 28
+    gen = torch.Generator(device=device).manual_seed(2)
+    weights = []
+    for _ in range(layers):
+        for k, n in SHAPES.values():
+            w = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
+            weights.append((w, *quantize_rows(w)))
+    hidden = SHAPES["qkv"][0]
+    x = torch.randn(m, hidden, generator=gen, device=device, dtype=torch.bfloat16)
+    norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
+
+    def fp8(budget: int) -> Linear:
+        def linear(a: torch.Tensor, index: int) -> torch.Tensor:
+            _, q, s = weights[index]
+            tile = w8a16_tile(a.shape[0], *q.shape)
+            return w8a16_linear_triton(a, q, s, tile, l2_prefetch_bytes=budget)
+
+        return linear
+
+    variants: list[tuple[str, Linear, bool]] = [
+        ("bf16, no PDL", lambda a, i: F.linear(a, weights[i][0]), False),
+        ("bf16, PDL", lambda a, i: F.linear(a, weights[i][0]), True),
+        ("fp8, no PDL", fp8(0), False),
+        ("fp8, PDL, no prefetch", fp8(0), True),
+    ]
+    variants += [(f"fp8, PDL, prefetch {mb} MiB", fp8(mb << 20), True) for mb in (4, 16, 64)]
+    record: dict[str, Any] = {"m": m, "layers": layers}
+    reference: dict[str, torch.Tensor] = {}
+    for name, linear, pdl in variants:
+        os.environ["INFER_DISABLE_PDL"] = "0" if pdl else "1"
+        try:
+            run = layer_chain(linear, layers, x, norm_weight)
+            if quick:
+                got = run()
+                record[name + " us"] = float("nan")
+            else:
+                run()  # compile
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    got = run()
+                record[name + " us"] = replay_ms(graph, 50) * 1e3
+            kind = name.split(",")[0]
+            reference.setdefault(kind, got.clone())  # the first of a kind runs without PDL
+            record[name + " equal"] = bool(torch.equal(got, reference[kind]))
+        except Exception as error:
+            record[name + " error"] = f"{type(error).__name__}: {error}"[:400]
+            traceback.print_exc()
+        print(f"pdl M={m} {name}: {record.get(name + ' us')}", flush=True)
+    os.environ.pop("INFER_DISABLE_PDL")
+    (out / f"pdl-m{m}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def best_table(records: list[dict[str, Any]]) -> str:
     """Per shape and M: bf16, the old FP8 path, the fused one, and the best W8A16 tile (µs)."""
     lines = [
@@ -329,7 +418,7 @@ def best_table(records: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--parts", default="linear,profile", help="linear,tiles,chain,profile")
+    parser.add_argument("--parts", default="linear,profile", help="linear,tiles,chain,pdl,profile")
     parser.add_argument(
         "--profiles", default="bf16,fp8", help="of bf16, fp8 (weights), fp8kv (weights and KV)"
     )
@@ -355,6 +444,12 @@ def main() -> None:
         for m in (1, 8):
             try:
                 probe_chain(args.out, best_tiles(records, m), m, args.quick)
+            except Exception:
+                traceback.print_exc()
+    if "pdl" in parts:
+        for m in (1, 8):
+            try:
+                probe_pdl(args.out, m, args.quick)
             except Exception:
                 traceback.print_exc()
     if "profile" in parts and not args.quick:

@@ -6,12 +6,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+
 _BLOCK = 1024
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _gated_act_kernel(Out, X, n_cols, stride_o, stride_x, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_act_kernel(
+    Out, X, n_cols, stride_o, stride_x, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -33,7 +38,11 @@ def _gated(x: Tensor, act: str) -> Tensor:
     out = x2.new_empty(x2.shape[0], n_cols)
     if out.numel():
         grid = (x2.shape[0], triton.cdiv(n_cols, _BLOCK))
-        _gated_act_kernel[grid](out, x2, n_cols, out.stride(0), x2.stride(0), ACT=act, BLOCK=_BLOCK)
+        pdl = pdl_enabled(x2)
+        _gated_act_kernel[grid](
+            out, x2, n_cols, out.stride(0), x2.stride(0), ACT=act, BLOCK=_BLOCK, PDL=pdl,
+            launch_pdl=pdl,
+        )  # fmt: skip
     return out.view(*x.shape[:-1], n_cols)
 
 

@@ -19,7 +19,9 @@ def compile_for_h100(kernel, types, constants, default="i32"):
     names = list(inspect.signature(kernel.fn).parameters)
     signature = {n: "constexpr" if n in constants else types.get(n, default) for n in names}
     constexprs = {(names.index(n),): v for n, v in constants.items()}
-    triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+    return triton.compile(
+        ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32)
+    )
 """
 
 
