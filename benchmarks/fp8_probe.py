@@ -8,10 +8,11 @@ from HBM): bf16 ``F.linear``; ``_scaled_mm`` row-wise after the eager per-token 
 ``_scaled_mm`` alone; the Triton W8A16 kernel at several tiles. Each W8A16 tile is checked
 against the dequantised reference once.
 
-Part ``pdl``: 28 layers of a decode step's kernels at one row (norm, qkv, o, norm, gate_up,
-activation, down) in one CUDA graph, launched with and without programmatic dependent launch
-(``INFER_DISABLE_PDL``) and with several L2 prefetch budgets; each variant's output is
-checked against the one launched without PDL (a race would differ).
+Part ``pdl``: 28 layers of a decode step's kernels at 1 and 8 rows (norm, qkv, a small
+kernel in attention's place, o, norm, gate_up, activation, down) in one CUDA graph, launched
+without programmatic dependent launch and in each ``INFER_PDL`` mode, and with W8A16 tiles
+that read their first weight step before they wait; each variant's output is checked
+against the one launched without PDL (a race would differ).
 
 Part ``profile``: one decode step of batch 1 (CUDA graphs), bf16 and FP8 weights: ms a step
 and the replay's kernels by kind (``benchmarks/profile_decode_step.py``).
@@ -46,7 +47,7 @@ from infer.kernels.fp8_linear_triton import (
     w8a16_linear_triton,
     w8a16_tile,
 )
-from infer.kernels.rms_norm_triton import fused_add_rms_norm_triton
+from infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from infer.models.fp8 import dequantize_rows, quantize_rows
 
 SHAPES = {"qkv": (3072, 5120), "o": (3072, 3072), "gate_up": (3072, 16384), "down": (8192, 3072)}
@@ -317,18 +318,18 @@ Linear = Callable[[torch.Tensor, int], torch.Tensor]  # (x, the index of a weigh
 def layer_chain(
     linear: Linear, layers: int, x: torch.Tensor, norm_weight: torch.Tensor
 ) -> Callable[[], torch.Tensor]:
-    """``layers`` decode layers' kernels around ``linear`` (attention left out: ``o`` reads the
-    first columns of ``qkv``'s output), weights ``4 * layer + (0: qkv, 1: o, 2: gate_up,
-    3: down)``."""
+    """``layers`` decode layers' kernels around ``linear``: weights ``4 * layer + (0: qkv,
+    1: o, 2: gate_up, 3: down)``; attention's place between ``qkv`` and ``o`` is held by a
+    small kernel (an RMS norm of ``qkv``'s first columns)."""
     o_inputs = SHAPES["o"][0]
 
     def run() -> torch.Tensor:
         hidden, residual = x, torch.zeros_like(x)
         for layer in range(layers):
             normed, residual = fused_add_rms_norm_triton(hidden, residual, norm_weight, 1e-5)
-            qkv = linear(normed, 4 * layer)
+            attended = rms_norm_triton(linear(normed, 4 * layer)[:, :o_inputs], norm_weight, 1e-5)
             normed, residual = fused_add_rms_norm_triton(
-                linear(qkv[:, :o_inputs], 4 * layer + 1), residual, norm_weight, 1e-5
+                linear(attended, 4 * layer + 1), residual, norm_weight, 1e-5
             )
             hidden = linear(silu_and_mul_triton(linear(normed, 4 * layer + 2)), 4 * layer + 3)
         return hidden
@@ -336,8 +337,21 @@ def layer_chain(
     return run
 
 
+TileChoice = Callable[[int, int, int], W8A16Tile]
+
+
+def _preloading(choice: TileChoice, **changes: Any) -> TileChoice:
+    return lambda m, n, k: dataclasses.replace(choice(m, n, k), preload=True, **changes)
+
+
+def _narrow_everywhere(m: int, n: int, k: int) -> W8A16Tile:
+    """The CUDA-core sum for every shape at one row, wide outputs included."""
+    return W8A16Tile(1, 8, 1024, 4, preload=True) if m == 1 else w8a16_tile(m, n, k)
+
+
 def probe_pdl(out: Path, m: int, quick: bool) -> None:
-    """A step's kernels at ``m`` rows with and without PDL, and with L2 prefetch budgets."""
+    """A step's kernels at ``m`` rows launched without PDL, with each ``INFER_PDL`` mode, and
+    with W8A16 tiles that read their first weight step before they wait."""
     device = torch.device("cpu" if quick else "cuda")
     layers = 1 if quick else 28
     gen = torch.Generator(device=device).manual_seed(2)
@@ -350,25 +364,31 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
     x = torch.randn(m, hidden, generator=gen, device=device, dtype=torch.bfloat16)
     norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
 
-    def fp8(budget: int) -> Linear:
+    def fp8(choice: TileChoice) -> Linear:
         def linear(a: torch.Tensor, index: int) -> torch.Tensor:
             _, q, s = weights[index]
-            tile = w8a16_tile(a.shape[0], *q.shape)
-            return w8a16_linear_triton(a, q, s, tile, l2_prefetch_bytes=budget)
+            return w8a16_linear_triton(a, q, s, choice(a.shape[0], *q.shape))
 
         return linear
 
-    variants: list[tuple[str, Linear, bool]] = [
-        ("bf16, no PDL", lambda a, i: F.linear(a, weights[i][0]), False),
-        ("bf16, PDL", lambda a, i: F.linear(a, weights[i][0]), True),
-        ("fp8, no PDL", fp8(0), False),
-        ("fp8, PDL, no prefetch", fp8(0), True),
+    def bf16(a: torch.Tensor, index: int) -> torch.Tensor:
+        return F.linear(a, weights[index][0])
+
+    variants: list[tuple[str, Linear, str]] = [
+        ("bf16, off", bf16, "off"),
+        ("bf16, early", bf16, "early"),
+        ("fp8, off", fp8(w8a16_tile), "off"),
+        ("fp8, after", fp8(w8a16_tile), "after"),
+        ("fp8, early", fp8(w8a16_tile), "early"),
+        ("fp8, early, preload", fp8(_preloading(w8a16_tile)), "early"),
+        ("fp8, after, preload", fp8(_preloading(w8a16_tile)), "after"),
+        ("fp8, early, preload 1 stage", fp8(_preloading(w8a16_tile, num_stages=1)), "early"),
+        ("fp8, early, preload narrow", fp8(_narrow_everywhere), "early"),
     ]
-    variants += [(f"fp8, PDL, prefetch {mb} MiB", fp8(mb << 20), True) for mb in (4, 16, 64)]
     record: dict[str, Any] = {"m": m, "layers": layers}
     reference: dict[str, torch.Tensor] = {}
-    for name, linear, pdl in variants:
-        os.environ["INFER_DISABLE_PDL"] = "0" if pdl else "1"
+    for name, linear, mode in variants:
+        os.environ["INFER_PDL"] = mode
         try:
             run = layer_chain(linear, layers, x, norm_weight)
             if quick:
@@ -388,7 +408,7 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
             record[name + " error"] = f"{type(error).__name__}: {error}"[:400]
             traceback.print_exc()
         print(f"pdl M={m} {name}: {record.get(name + ' us')}", flush=True)
-    os.environ.pop("INFER_DISABLE_PDL")
+    os.environ.pop("INFER_PDL")
     (out / f"pdl-m{m}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

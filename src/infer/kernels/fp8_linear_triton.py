@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_mode, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class W8A16Tile:
     ``[block_m, block_n, block_k]`` product), 16 or more go through ``tl.dot`` (tensor
     cores). ``block_n`` output features and ``block_k`` input features per step;
     ``split_k`` programs share one output tile's K (their sums meet by atomic adds into a
-    float32 buffer, so a split launch also zeroes and casts it).
+    float32 buffer, so a split launch also zeroes and casts it). ``preload``: each program
+    reads its weight one step ahead by hand, the first step before it waits for the kernel
+    before (with programmatic dependent launch, while that kernel still runs).
     """
 
     block_m: int
@@ -40,6 +42,7 @@ class W8A16Tile:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    preload: bool = False
 
 
 # Output features from which one or two rows read the weight through narrow dots rather
@@ -68,33 +71,13 @@ def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
     return W8A16Tile(128, 128, 128, 8, 3)
 
 
-# Bytes of weight that one launch asks into L2 before it waits for the kernel before it
-# (``L2_PREFETCH_BYTES``): enough to keep HBM busy through that kernel's end, well under L2.
-L2_PREFETCH_BYTES = 16 << 20
-_L2_LINE = tl.constexpr(128)
-
-
-def prefetch_lines(n: int, k: int, budget: int) -> int:
-    """L2 lines of each weight row a program asks for ahead (a power of two; 0: none):
-    ``budget`` bytes over ``n`` rows, at most the row's ``k`` bytes rounded up."""
-    per_row = min(budget // max(n, 1), k) // _L2_LINE.value
-    return 0 if per_row < 1 else triton.next_power_of_2(per_row)
-
-
 # fmt: off
-@triton.jit
-def _prefetch_to_l2(ptrs):
-    """Asks L2 for the line at each of ``ptrs`` and moves on (no register waits for it)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs.to(tl.int64)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M"])  # one variant for every row count of a tile
 def _w8a16_kernel(
     X, W, Scale, Out, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    PDL: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     # The row tile varies fastest, so the programs that share a weight tile run together
     # and all but the first find it in L2.
@@ -109,10 +92,8 @@ def _w8a16_kernel(
     k_len = K // SPLIT_K  # the launcher checks that SPLIT_K * BLOCK_K divides K when split
     k_lo = pid_k * k_len
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
-    if PREFETCH_LINES > 0:  # the weight is no kernel's output: ask for it before the wait
-        lines = tl.minimum(tl.arange(0, PREFETCH_LINES) * _L2_LINE, k_len - 1)
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-        _prefetch_to_l2(W + rows[:, None] * stride_wn + (k_lo + lines)[None, :])
+    if PRELOAD:  # the weight is no kernel's output: its first step may come before the wait
+        w_next = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < k_len)[None, :], other=0.0)
     wait_for_previous_kernel(PDL)
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     if USE_DOT:
@@ -122,14 +103,23 @@ def _w8a16_kernel(
     for k0 in range(0, k_len, BLOCK_K):
         if EVEN_K:  # no mask along K: full-width loads
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None], other=0.0)
-            if EVEN_N:
+            if PRELOAD:
+                w = w_next
+            elif EVEN_N:
                 w = tl.load(w_ptrs + k0)
             else:
                 w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0)
         else:
             k_ok = (k0 + offs_k) < k_len
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if PRELOAD:
+                w = w_next
+            else:
+                w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if PRELOAD:  # the next step's weights, in flight while this step sums
+            ahead = (k0 + BLOCK_K + offs_k) < k_len
+            w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=n_ok[:, None] & ahead[None, :],
+                             other=0.0)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         else:
@@ -164,17 +154,11 @@ def _quantize_rows_kernel(
 # fmt: on
 
 
-def w8a16_linear_triton(
-    x: Tensor,
-    weight: Tensor,
-    weight_scale: Tensor,
-    tile: W8A16Tile,
-    l2_prefetch_bytes: int = L2_PREFETCH_BYTES,
-) -> Tensor:
+def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W8A16Tile) -> Tensor:
     """``x [M, K] @ (weight [N, K] * weight_scale [N, None]).T`` in ``x``'s dtype, with the
     FP8 weight widened in registers; ``x`` is a bfloat16/float16/float32 matrix whose last
-    dimension is contiguous. Launched with PDL where the GPU has it, asking for up to
-    ``l2_prefetch_bytes`` of the weight while the kernel before ends."""
+    dimension is contiguous. Launched with programmatic dependent launch where the GPU has
+    it (``infer.kernels.pdl``)."""
     m, k = x.shape
     n = weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1:
@@ -189,14 +173,13 @@ def w8a16_linear_triton(
     if m == 0:
         return out.to(x.dtype)
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), tile.split_k)
-    pdl = pdl_enabled(x)
-    lines = prefetch_lines(n, k // tile.split_k, l2_prefetch_bytes) if pdl else 0
+    pdl = pdl_mode(x)
     _w8a16_kernel[grid](
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=use_dot, PDL=pdl, PREFETCH_LINES=lines, num_warps=tile.num_warps,
-        num_stages=tile.num_stages, launch_pdl=pdl,
+        USE_DOT=use_dot, PDL=pdl, PRELOAD=tile.preload, num_warps=tile.num_warps,
+        num_stages=tile.num_stages, launch_pdl=pdl > 0,
     )  # fmt: skip
     return out if tile.split_k == 1 else out.to(x.dtype)
 
