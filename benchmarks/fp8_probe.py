@@ -340,8 +340,9 @@ def layer_chain(
 TileChoice = Callable[[int, int, int], W8A16Tile]
 
 
-def _preloading(choice: TileChoice, **changes: Any) -> TileChoice:
-    return lambda m, n, k: dataclasses.replace(choice(m, n, k), preload=True, **changes)
+def _tiles(preload: bool, **changes: Any) -> TileChoice:
+    """``w8a16_tile``'s choice, preloading or not, with ``changes``."""
+    return lambda m, n, k: dataclasses.replace(w8a16_tile(m, n, k), preload=preload, **changes)
 
 
 def _narrow_everywhere(m: int, n: int, k: int) -> W8A16Tile:
@@ -377,12 +378,13 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
     variants: list[tuple[str, Linear, str]] = [
         ("bf16, off", bf16, "off"),
         ("bf16, early", bf16, "early"),
-        ("fp8, off", fp8(w8a16_tile), "off"),
-        ("fp8, after", fp8(w8a16_tile), "after"),
-        ("fp8, early", fp8(w8a16_tile), "early"),
-        ("fp8, early, preload", fp8(_preloading(w8a16_tile)), "early"),
-        ("fp8, after, preload", fp8(_preloading(w8a16_tile)), "after"),
-        ("fp8, early, preload 1 stage", fp8(_preloading(w8a16_tile, num_stages=1)), "early"),
+        ("fp8, off", fp8(_tiles(False)), "off"),
+        ("fp8, after", fp8(_tiles(False)), "after"),
+        ("fp8, early", fp8(_tiles(False)), "early"),
+        ("fp8, early, preload", fp8(_tiles(True)), "early"),
+        ("fp8, after, preload", fp8(_tiles(True)), "after"),
+        ("fp8, off, preload", fp8(_tiles(True)), "off"),
+        ("fp8, early, preload 1 stage", fp8(_tiles(True, num_stages=1)), "early"),
         ("fp8, early, preload narrow", fp8(_narrow_everywhere), "early"),
     ]
     record: dict[str, Any] = {"m": m, "layers": layers}

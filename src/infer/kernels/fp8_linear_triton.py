@@ -57,7 +57,11 @@ def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
     to 16 rows through 16-row dots; more rows (weights ``_scaled_mm`` cannot take) through
     wider dots."""
     if m == 1 and n < _WIDE_OUTPUT:
-        return W8A16Tile(1, 4, 512, 2) if n > 4096 else W8A16Tile(1, 8, 1024, 4)
+        return (
+            W8A16Tile(1, 4, 512, 2, preload=True)
+            if n > 4096
+            else W8A16Tile(1, 8, 1024, 4, preload=True)
+        )
     if m <= 2 and n < _WIDE_OUTPUT:
         return W8A16Tile(m, 4, 512, 4) if n <= 4096 else W8A16Tile(m, 8, 256, 4)
     if m <= 16:
