@@ -10,9 +10,8 @@ against the dequantised reference once.
 
 Part ``pdl``: 28 layers of a decode step's kernels at 1 and 8 rows (norm, qkv, a small
 kernel in attention's place, o, norm, gate_up, activation, down) in one CUDA graph, launched
-without programmatic dependent launch and in each ``INFER_PDL`` mode, and with W8A16 tiles
-that read their first weight step before they wait; each variant's output is checked
-against the one launched without PDL (a race would differ).
+with and without programmatic dependent launch (``INFER_DISABLE_PDL``); each output is
+checked against the one launched without it (a race would differ).
 
 Part ``profile``: one decode step of batch 1 (CUDA graphs), bf16 and FP8 weights: ms a step
 and the replay's kernels by kind (``benchmarks/profile_decode_step.py``).
@@ -337,22 +336,9 @@ def layer_chain(
     return run
 
 
-TileChoice = Callable[[int, int, int], W8A16Tile]
-
-
-def _tiles(preload: bool, **changes: Any) -> TileChoice:
-    """``w8a16_tile``'s choice, preloading or not, with ``changes``."""
-    return lambda m, n, k: dataclasses.replace(w8a16_tile(m, n, k), preload=preload, **changes)
-
-
-def _narrow_everywhere(m: int, n: int, k: int) -> W8A16Tile:
-    """The CUDA-core sum for every shape at one row, wide outputs included."""
-    return W8A16Tile(1, 8, 1024, 4, preload=True) if m == 1 else w8a16_tile(m, n, k)
-
-
 def probe_pdl(out: Path, m: int, quick: bool) -> None:
-    """A step's kernels at ``m`` rows launched without PDL, with each ``INFER_PDL`` mode, and
-    with W8A16 tiles that read their first weight step before they wait."""
+    """A step's kernels at ``m`` rows launched with and without programmatic dependent
+    launch (``INFER_DISABLE_PDL``)."""
     device = torch.device("cpu" if quick else "cuda")
     layers = 1 if quick else 28
     gen = torch.Generator(device=device).manual_seed(2)
@@ -365,32 +351,23 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
     x = torch.randn(m, hidden, generator=gen, device=device, dtype=torch.bfloat16)
     norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
 
-    def fp8(choice: TileChoice) -> Linear:
-        def linear(a: torch.Tensor, index: int) -> torch.Tensor:
-            _, q, s = weights[index]
-            return w8a16_linear_triton(a, q, s, choice(a.shape[0], *q.shape))
-
-        return linear
+    def fp8(a: torch.Tensor, index: int) -> torch.Tensor:
+        _, q, s = weights[index]
+        return w8a16_linear_triton(a, q, s, w8a16_tile(a.shape[0], *q.shape))
 
     def bf16(a: torch.Tensor, index: int) -> torch.Tensor:
         return F.linear(a, weights[index][0])
 
-    variants: list[tuple[str, Linear, str]] = [
-        ("bf16, off", bf16, "off"),
-        ("bf16, early", bf16, "early"),
-        ("fp8, off", fp8(_tiles(False)), "off"),
-        ("fp8, after", fp8(_tiles(False)), "after"),
-        ("fp8, early", fp8(_tiles(False)), "early"),
-        ("fp8, early, preload", fp8(_tiles(True)), "early"),
-        ("fp8, after, preload", fp8(_tiles(True)), "after"),
-        ("fp8, off, preload", fp8(_tiles(True)), "off"),
-        ("fp8, early, preload 1 stage", fp8(_tiles(True, num_stages=1)), "early"),
-        ("fp8, early, preload narrow", fp8(_narrow_everywhere), "early"),
+    variants: list[tuple[str, Linear, bool]] = [
+        ("bf16, off", bf16, False),
+        ("bf16, PDL", bf16, True),
+        ("fp8, off", fp8, False),
+        ("fp8, PDL", fp8, True),
     ]
     record: dict[str, Any] = {"m": m, "layers": layers}
     reference: dict[str, torch.Tensor] = {}
-    for name, linear, mode in variants:
-        os.environ["INFER_PDL"] = mode
+    for name, linear, pdl in variants:
+        os.environ["INFER_DISABLE_PDL"] = "0" if pdl else "1"
         try:
             run = layer_chain(linear, layers, x, norm_weight)
             if quick:
@@ -410,7 +387,7 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
             record[name + " error"] = f"{type(error).__name__}: {error}"[:400]
             traceback.print_exc()
         print(f"pdl M={m} {name}: {record.get(name + ' us')}", flush=True)
-    os.environ.pop("INFER_PDL")
+    os.environ.pop("INFER_DISABLE_PDL")
     (out / f"pdl-m{m}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -9,6 +9,7 @@ import torch
 from infer.contract.sampling_params import SamplingParams
 from infer.engine.core.request import Request
 from infer.engine.core.sampler import SamplingBatch, sample
+from infer.kernels.argmax import argmax_rows
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered, sample_filtered_torch
 
 pytestmark = [
@@ -92,3 +93,11 @@ def test_batches_of_every_size_share_one_kernel_variant() -> None:
     torch.cuda.synchronize()
     built = [v for v in JIT_LOG.variants[start:] if v.name == "_sample_kernel"]
     assert len(built) <= 1, [v.specialization for v in built]
+
+
+@pytest.mark.parametrize("rows", [1, 256])
+def test_the_two_pass_argmax_picks_what_torch_picks_on_the_device(rows: int) -> None:
+    torch.manual_seed(rows)
+    logits = torch.randint(-3, 4, (rows, VOCAB), device="cuda").to(torch.bfloat16)
+    logits[0, VOCAB // 2] = float("nan")
+    assert torch.equal(argmax_rows(logits), torch.argmax(logits, dim=-1))

@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE
-from infer.kernels.pdl import pdl_mode, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,7 @@ class W8A16Tile:
     ``[block_m, block_n, block_k]`` product), 16 or more go through ``tl.dot`` (tensor
     cores). ``block_n`` output features and ``block_k`` input features per step;
     ``split_k`` programs share one output tile's K (their sums meet by atomic adds into a
-    float32 buffer, so a split launch also zeroes and casts it). ``preload``: each program
-    reads its weight one step ahead by hand, the first step before it waits for the kernel
-    before (with programmatic dependent launch, while that kernel still runs).
+    float32 buffer, so a split launch also zeroes and casts it).
     """
 
     block_m: int
@@ -42,7 +40,6 @@ class W8A16Tile:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
-    preload: bool = False
 
 
 # Output features from which one or two rows read the weight through narrow dots rather
@@ -57,11 +54,7 @@ def w8a16_tile(m: int, n: int, k: int) -> W8A16Tile:
     to 16 rows through 16-row dots; more rows (weights ``_scaled_mm`` cannot take) through
     wider dots."""
     if m == 1 and n < _WIDE_OUTPUT:
-        return (
-            W8A16Tile(1, 4, 512, 2, preload=True)
-            if n > 4096
-            else W8A16Tile(1, 8, 1024, 4, preload=True)
-        )
+        return W8A16Tile(1, 4, 512, 2) if n > 4096 else W8A16Tile(1, 8, 1024, 4)
     if m <= 2 and n < _WIDE_OUTPUT:
         return W8A16Tile(m, 4, 512, 4) if n <= 4096 else W8A16Tile(m, 8, 256, 4)
     if m <= 16:
@@ -81,7 +74,7 @@ def _w8a16_kernel(
     X, W, Scale, Out, M, N, K, stride_xm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # The row tile varies fastest, so the programs that share a weight tile run together
     # and all but the first find it in L2.
@@ -96,8 +89,6 @@ def _w8a16_kernel(
     k_len = K // SPLIT_K  # the launcher checks that SPLIT_K * BLOCK_K divides K when split
     k_lo = pid_k * k_len
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
-    if PRELOAD:  # the weight is no kernel's output: its first step may come before the wait
-        w_next = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < k_len)[None, :], other=0.0)
     wait_for_previous_kernel(PDL)
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     if USE_DOT:
@@ -107,23 +98,14 @@ def _w8a16_kernel(
     for k0 in range(0, k_len, BLOCK_K):
         if EVEN_K:  # no mask along K: full-width loads
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None], other=0.0)
-            if PRELOAD:
-                w = w_next
-            elif EVEN_N:
+            if EVEN_N:
                 w = tl.load(w_ptrs + k0)
             else:
                 w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0)
         else:
             k_ok = (k0 + offs_k) < k_len
             x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if PRELOAD:
-                w = w_next
-            else:
-                w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if PRELOAD:  # the next step's weights, in flight while this step sums
-            ahead = (k0 + BLOCK_K + offs_k) < k_len
-            w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=n_ok[:, None] & ahead[None, :],
-                             other=0.0)
+            w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         else:
@@ -177,13 +159,13 @@ def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W
     if m == 0:
         return out.to(x.dtype)
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), tile.split_k)
-    pdl = pdl_mode(x)
+    pdl = pdl_enabled(x)
     _w8a16_kernel[grid](
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=use_dot, PDL=pdl, PRELOAD=tile.preload, num_warps=tile.num_warps,
-        num_stages=tile.num_stages, launch_pdl=pdl > 0,
+        USE_DOT=use_dot, PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        launch_pdl=pdl,
     )  # fmt: skip
     return out if tile.split_k == 1 else out.to(x.dtype)
 

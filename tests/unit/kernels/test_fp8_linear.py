@@ -24,11 +24,6 @@ TILES = [
     pytest.param(W8A16Tile(16, 16, 32), torch.float16, id="dot-16-rows-fp16"),
     pytest.param(W8A16Tile(16, 32, 32), torch.float32, id="dot-16-rows-fp32"),
     pytest.param(W8A16Tile(1, 16, 32, split_k=2), torch.float32, id="split-k"),
-    pytest.param(W8A16Tile(1, 16, 32, preload=True), torch.float32, id="sum-preloaded"),
-    pytest.param(W8A16Tile(16, 16, 32, preload=True), torch.float16, id="dot-preloaded"),
-    pytest.param(
-        W8A16Tile(1, 16, 32, split_k=2, preload=True), torch.float32, id="split-k-preloaded"
-    ),
 ]
 
 

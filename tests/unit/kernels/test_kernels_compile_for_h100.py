@@ -14,7 +14,7 @@ cache = "*fp8e4nv" if {fp8} else "*bf16"
 types = {{**pointers, "KCache": cache, "VCache": cache, "Positions": "*i64",
           "SlotMapping": "*i64", "k_scale": "fp32", "v_scale": "fp32"}}
 compile_for_h100(_rope_kv_write_kernel, types, {{"HALF": 64, "BLOCK_SIZE": 16, "BLOCK_HQ": 32,
-                 "BLOCK_HK": 8, "BLOCK_HALF": 64, "FP8_CACHE": {fp8}, "PDL": 2}})
+                 "BLOCK_HK": 8, "BLOCK_HALF": 64, "FP8_CACHE": {fp8}, "PDL": True}})
 """
 
 _FP8_LINEAR = """
@@ -22,15 +22,14 @@ from infer.kernels.fp8_linear_triton import _quantize_rows_kernel, _w8a16_kernel
 compile_for_h100(_quantize_rows_kernel,
                  {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "min_scale": "fp32"},
                  {"BLOCK_K": 4096, "FP8_LIMIT": 448.0, "INVERSE_LIMIT": 1.0 / 448.0})
-for block_m, use_dot, preload in ((1, False, True), (16, True, True), (128, True, False)):
-    for pdl in (1, 2):
-        kernel = compile_for_h100(
-            _w8a16_kernel, {"X": "*bf16", "W": "*fp8e4nv", "Scale": "*fp32", "Out": "*bf16"},
-            {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 1, "EVEN_K": True,
-             "EVEN_N": True, "USE_DOT": use_dot, "PDL": pdl, "PRELOAD": preload})
-        ptx = kernel.asm["ptx"]
-        wait, trigger = (ptx.index(f"griddepcontrol.{op}") for op in ("wait", "launch_dependents"))
-        assert (trigger < wait) == (pdl == 2)
+for block_m, use_dot in ((1, False), (16, True), (128, True)):
+    kernel = compile_for_h100(
+        _w8a16_kernel, {"X": "*bf16", "W": "*fp8e4nv", "Scale": "*fp32", "Out": "*bf16"},
+        {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 1, "EVEN_K": True,
+         "EVEN_N": True, "USE_DOT": use_dot, "PDL": True})
+    ptx = kernel.asm["ptx"]
+    # The next kernel may launch once this one's wait has returned.
+    assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
 """
 
 _ROW_KERNELS = """
@@ -40,11 +39,11 @@ for fuse_add in (False, True):
     kernel = compile_for_h100(
         _rms_norm_kernel, {n: "*bf16" for n in ("Out", "X", "Residual", "ResidualOut", "W")}
         | {"eps": "fp32", "offset": "fp32"},
-        {"FUSE_ADD": fuse_add, "BLOCK_R": 1, "BLOCK_N": 4096, "PDL": 2})
+        {"FUSE_ADD": fuse_add, "BLOCK_R": 1, "BLOCK_N": 4096, "PDL": True})
     assert "griddepcontrol.wait" in kernel.asm["ptx"]
 for act in ("silu", "gelu_tanh"):
     kernel = compile_for_h100(_gated_act_kernel, {"Out": "*bf16", "X": "*bf16"},
-                              {"ACT": act, "BLOCK": 1024, "PDL": 2})
+                              {"ACT": act, "BLOCK": 1024, "PDL": True})
     assert "griddepcontrol.wait" in kernel.asm["ptx"]
 """
 

@@ -564,13 +564,13 @@ compile_for_h100(
     {**rows, **floats, "Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "Counters": "*i32",
      "qk_scale": "fp32", "v_scale": "fp32"},
     {"GROUP": 3, "ROWS": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64, "SPLIT": True,
-     "DOT_PRECISION": "tf32", "DECODE_ONLY": True, "QUERIES": 5, "PDL": 2},
+     "DOT_PRECISION": "tf32", "DECODE_ONLY": True, "QUERIES": 5, "PDL": True},
 )
 compile_for_h100(
     kernels._combine_kernel,
     {**rows, **floats, "TokenRows": "*i32"},
     {"SPLITS_POW2": 8, "HEAD_DIM": 128, "PREFILL": False, "DECODE_ONLY": True, "BLOCK_Q": 16,
-     "BLOCK_N": 64, "QUERIES": 5, "PDL": 2},
+     "BLOCK_N": 64, "QUERIES": 5, "PDL": True},
 )
 """
 

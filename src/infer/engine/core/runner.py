@@ -43,6 +43,7 @@ from infer.engine.speculative.verify_step import (
     verify_metadata,
 )
 from infer.engine.structured.bitmask import Bitmask
+from infer.kernels.argmax import argmax_rows
 from infer.kernels.verify_inputs import ProposalMode, VerifyShape, accept_proposals, verify_inputs
 from infer.models import DecoderModel
 
@@ -257,7 +258,7 @@ class ModelRunner:
             tokens + 2 * (tokens // verify.queries), dtype=torch.int64, device=self.device
         )
         if all(r.greedy_argmax for r in sampling):
-            out = SamplerOutput(torch.argmax(logits, dim=-1, out=packed[:tokens]))
+            out = SamplerOutput(argmax_rows(logits, out=packed[:tokens]))
         else:
             batch = SamplingBatch.from_requests(
                 sampling, self.vocab_size, self.device, None, step.output_indices

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from infer.engine.core.request import Request
 from infer.engine.structured.bitmask import Bitmask, start_bitmask
+from infer.kernels.argmax import argmax_rows
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 
 
@@ -239,7 +240,7 @@ def greedy(
     ``proposed`` as for ``SamplingBatch.from_requests``."""
     mask = token_mask(requests, vocab_size, device, bitmask, proposed)
     if mask is None:
-        return SamplerOutput(logits.argmax(dim=-1))
+        return SamplerOutput(argmax_rows(logits))
     return SamplerOutput(sample_filtered(logits, RowSettings.greedy(len(requests), device), mask))
 
 
