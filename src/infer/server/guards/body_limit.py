@@ -35,11 +35,30 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = APIError(413, too_large(self.limit), param="body")
-        length = dict(scope["headers"]).get(b"content-length", b"0")
-        if length.isdigit() and int(length) > self.limit:
-            await refuse_before_body(refusal, scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and b"transfer-encoding" not in headers:
+            await self._announced(int(length), scope, receive, send)
+        else:
+            await self._counted(scope, receive, send)
+
+    async def _announced(self, length: int, scope: Scope, receive: Receive, send: Send) -> None:
+        """A body of ``length`` bytes: the HTTP parser reads no more, so within the limit
+        the request passes unwrapped (each wrapper would cost every streamed chunk)."""
+        if length > self.limit:
+            await refuse_before_body(self._refusal(), scope, receive, send)
             return
+        if length < LARGE_BODY_BYTES:
+            await self.app(scope, receive, send)
+            return
+        self.large_bodies += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._large_body_done()
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A body of unknown length (chunked): counted as it arrives."""
         received = 0
         over = started = large = False
 
@@ -68,11 +87,17 @@ class BodyLimit:
         except BodyTooLargeError:
             if started:
                 raise
-            await refuse_before_body(refusal, scope, receive, send)
+            await refuse_before_body(self._refusal(), scope, receive, send)
         finally:
             if large:
-                self.large_bodies -= 1
-                self._trim_when_none_left()
+                self._large_body_done()
+
+    def _refusal(self) -> APIError:
+        return APIError(413, too_large(self.limit), param="body")
+
+    def _large_body_done(self) -> None:
+        self.large_bodies -= 1
+        self._trim_when_none_left()
 
     def _trim_when_none_left(self) -> None:
         if self.large_bodies or (self._trimming is not None and not self._trimming.done()):

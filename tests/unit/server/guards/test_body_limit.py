@@ -5,12 +5,14 @@ are done, their memory is given back."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
 
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 from tests.unit.server.guards.conftest import Serve, closed_by_server
 from tests.unit.server.guards.test_auth import ReadingApp
 
@@ -77,3 +79,32 @@ def test_memory_is_given_back_once_the_last_large_body_is_done(
         while not given_back and time.monotonic() < deadline:
             time.sleep(0.01)
     assert given_back == [1.0] and app.large_bodies == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "wrapped"),
+    [
+        ([(b"content-length", b"12")], False),  # the parser reads no more than announced
+        ([(b"transfer-encoding", b"chunked")], True),
+        ([(b"content-length", b"12"), (b"transfer-encoding", b"chunked")], True),
+    ],
+)
+def test_only_a_body_of_unknown_length_is_counted_as_it_arrives(
+    headers: list[tuple[bytes, bytes]], wrapped: bool
+) -> None:
+    """A streamed response pays for every wrapper on each chunk it sends: a body whose
+    length was announced within the limit gets none."""
+    seen: list[tuple[object, object]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append((receive, send))
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope = {"type": "http", "headers": headers}
+    asyncio.run(BodyLimit(app, LIMIT)(scope, receive, send))
+    assert (seen[0] != (receive, send)) is wrapped
