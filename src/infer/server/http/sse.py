@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 
 from pydantic import BaseModel
 
 # Compact and UTF-8, like pydantic's ``model_dump_json``.
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _string(value: str | None) -> str:
+    """``dumps(value)`` without the encoder's detour through ``iterencode`` for None (the
+    ``finish_reason`` of nearly every chunk): the same C function it calls for a str."""
+    return "null" if value is None else encode_basestring(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +53,7 @@ def completion_choice(
     token_ids: list[int] | None,
 ) -> str:
     """A ``CompletionChoice`` as JSON."""
-    return _choice(index, f'"text":{dumps(text)}', logprobs, finish_reason, token_ids)
+    return _choice(index, f'"text":{_string(text)}', logprobs, finish_reason, token_ids)
 
 
 def chat_chunk_choice(
@@ -70,13 +77,13 @@ def _choice(
     """A streamed choice; ``content``: its ``"text"`` or ``"delta"`` member as JSON."""
     return (
         f'{{"index":{index},{content},"logprobs":{_model(logprobs)},'
-        f'"finish_reason":{dumps(finish_reason)}{_token_ids(token_ids)}}}'
+        f'"finish_reason":{_string(finish_reason)}{_token_ids(token_ids)}}}'
     )
 
 
 def content_delta(text: str) -> str:
     """A ``ChatDelta`` with new content."""
-    return f'{{"role":null,"content":{dumps(text)}}}'
+    return f'{{"role":null,"content":{_string(text)}}}'
 
 
 ROLE_DELTA = '{"role":"assistant","content":""}'  # a chat stream's first delta
