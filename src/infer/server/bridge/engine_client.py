@@ -203,6 +203,11 @@ class Job:
             self._waiter.set_result(None)
 
     @property
+    def finished(self) -> bool:
+        """Whether every sequence's final output was handed out."""
+        return not self._unfinished
+
+    @property
     def unfinished_request_ids(self) -> list[str]:
         return [self.request_ids[i] for i in sorted(self._unfinished)]
 

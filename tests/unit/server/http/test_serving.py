@@ -1,12 +1,19 @@
 """How a sequence the engine ended with an error reaches the client: its own grammar's
-failure as a 400 that says what failed, anything else as a generic 500; and what the usage
-says the prefix cache saved."""
+failure as a 400 that says what failed, anything else as a generic 500; what the usage
+says the prefix cache saved; and how a stream's events are written."""
 
 from __future__ import annotations
 
+import asyncio
+
+from infer.contract.messages import EngineSnapshot
 from infer.contract.outputs import RequestOutput
+from infer.server.bridge.engine_client import Job
+from infer.server.guards.retry_after import RetryAfterEstimator
+from infer.server.http.completions import CompletionServing
+from infer.server.http.metrics import ServerMetrics
 from infer.server.http.serving import Context, _as_api_error, _SequenceFailed
-from infer.server.http.sse import ChunkTemplate
+from infer.server.http.sse import ChunkTemplate, completion_choice
 
 
 def test_a_sequence_ended_by_its_grammar_is_a_400_naming_structured_outputs() -> None:
@@ -45,3 +52,39 @@ def test_usage_counts_each_prompts_cached_tokens_once_for_its_n_samples() -> Non
     usage = ctx.usage()
     assert usage.prompt_tokens == 90
     assert usage.prompt_tokens_details.cached_tokens == 0 + 48
+
+
+class _Owner:
+    request_timeout = None
+
+    def release(self, job: Job) -> None:
+        job.closed = True
+
+
+def _serving() -> CompletionServing:
+    serving = object.__new__(CompletionServing)  # _stream needs no engine
+    serving.metrics = ServerMetrics(EngineSnapshot)
+    serving.retry_after = RetryAfterEstimator()
+    return serving
+
+
+def test_the_last_token_its_usage_and_done_go_out_as_one_piece() -> None:
+    """Each piece is one write to the socket; the events are the same as one per piece."""
+    serving, ctx = _serving(), _context([3], n=1)
+    job = Job(_Owner(), ["r-0"], None)  # type: ignore[arg-type]
+
+    async def pieces() -> list[str]:
+        stream = serving._stream(ctx, job)
+        job.put(0, ("r-0", [5], "a", []), 1.0)
+        first = await anext(stream)
+        final = RequestOutput("r-0", [1, 2, 3], [6], "b", [5, 6], "ab", True, "length")
+        job.finish(0, final, 2.0)
+        return [first] + [piece async for piece in stream]
+
+    first, last = asyncio.run(pieces())
+    token = ctx.template.chunk(completion_choice(0, "b", None, "length", None))
+    assert last == (
+        serving.frame(token) + serving.frame(serving.usage_chunk(ctx)) + "data: [DONE]\n\n"
+    )
+    assert first == serving.frame(ctx.template.chunk(completion_choice(0, "a", None, None, None)))
+    assert '"completion_tokens":2' in last and job.closed
