@@ -408,17 +408,27 @@ def check_model(requested: str | None, served: str) -> None:
 class _EventStream(StreamingResponse):
     """An SSE response that runs ``on_close`` however it ends: when the client goes away
     while the body generator waits at a ``yield``, the generator is not resumed and its
-    ``finally`` would only run when it is garbage collected."""
+    ``finally`` would only run when it is garbage collected.
+
+    It streams until the body ends or the client goes away, as Starlette's own does, but
+    in two plain asyncio tasks: Starlette's anyio task group and cancel scope cost a burst's
+    event loop ~50 us more per request."""
 
     def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+        disconnect = asyncio.ensure_future(self.listen_for_disconnect(receive))
         try:
-            await super().__call__(scope, receive, send)
+            await asyncio.wait((stream, disconnect), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stream.cancel()
+            disconnect.cancel()
             self._on_close()
+        if stream.done() and not stream.cancelled():
+            stream.result()  # the body's error, if it failed
 
 
 class _SequenceFailed(RuntimeError):

@@ -5,6 +5,10 @@ says the prefix cache saved; and how a stream's events are written."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from starlette.types import Message
 
 from infer.contract.messages import EngineSnapshot
 from infer.contract.outputs import RequestOutput
@@ -12,7 +16,7 @@ from infer.server.bridge.engine_client import Job
 from infer.server.guards.retry_after import RetryAfterEstimator
 from infer.server.http.completions import CompletionServing
 from infer.server.http.metrics import ServerMetrics
-from infer.server.http.serving import Context, _as_api_error, _SequenceFailed
+from infer.server.http.serving import Context, _as_api_error, _EventStream, _SequenceFailed
 from infer.server.http.sse import ChunkTemplate, completion_choice
 
 
@@ -88,3 +92,54 @@ def test_the_last_token_its_usage_and_done_go_out_as_one_piece() -> None:
     )
     assert first == serving.frame(ctx.template.chunk(completion_choice(0, "a", None, None, None)))
     assert '"completion_tokens":2' in last and job.closed
+
+
+def _respond(body: AsyncIterator[str], disconnect_at_once: bool) -> tuple[list[Message], int]:
+    """What ``_EventStream`` sends for ``body``, and how often its ``on_close`` ran."""
+    sent: list[Message] = []
+    closed: list[None] = []
+
+    async def run() -> None:
+        done = asyncio.Event()
+
+        async def receive() -> Message:
+            if not disconnect_at_once:
+                await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+            if not message.get("more_body", True):
+                done.set()
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+        await _EventStream(body, lambda: closed.append(None))(scope, receive, send)
+
+    asyncio.run(run())
+    return sent, len(closed)
+
+
+def test_an_event_stream_sends_its_body_and_closes_once() -> None:
+    async def body() -> AsyncIterator[str]:
+        yield "data: a\n\n"
+
+    sent, closes = _respond(body(), disconnect_at_once=False)
+    assert [m.get("body") for m in sent] == [None, b"data: a\n\n", b""] and closes == 1
+
+
+def test_an_event_stream_stops_when_the_client_goes_away() -> None:
+    async def body() -> AsyncIterator[str]:
+        await asyncio.sleep(3600)  # a job that would run on
+        yield "data: a\n\n"
+
+    sent, closes = _respond(body(), disconnect_at_once=True)
+    assert [m["type"] for m in sent] in ([], ["http.response.start"]) and closes == 1
+
+
+def test_an_event_streams_failure_is_raised() -> None:
+    async def body() -> AsyncIterator[str]:
+        yield "data: a\n\n"
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        _respond(body(), disconnect_at_once=False)
