@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from infer.contract.outputs import RequestOutput, TokenLogprob
 from infer.contract.sampling_params import SamplingParams, StructuredOutputsParams
 from infer.server.bridge.engine_client import ChoiceUpdate
@@ -43,8 +41,9 @@ class CompletionServing(OpenAIServing):
         the response leaves out (``PromptEcho``), as vLLM does."""
         assert isinstance(request, CompletionRequest)
         max_tokens = 1 if request.max_tokens == 0 else request.max_tokens
-        params = request.sampling_params(max_tokens, request.logprobs, constraint)
-        return replace(params, prompt_logprobs=request.num_prompt_logprobs)
+        return request.sampling_params(
+            max_tokens, request.logprobs, constraint, request.num_prompt_logprobs
+        )
 
     def prompt_echo(self, request: SamplingRequest) -> PromptEcho | None:
         assert isinstance(request, CompletionRequest)

@@ -381,6 +381,7 @@ class SamplingRequest(_Counted):
         max_tokens: int | None,
         logprobs: int | None,
         constraint: StructuredOutputsParams | None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """The engine's parameters (``ValueError`` naming the field when out of range), with
         the request's ``constraint`` as checked apart (``http/grammar_check.py``)."""
@@ -401,6 +402,7 @@ class SamplingRequest(_Counted):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             logit_bias=_token_keys(self.logit_bias or {}),
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -454,3 +455,15 @@ def test_tool_messages_answering_calls_pass() -> None:
         {"role": "tool", "content": "one", "tool_call_id": "c1"},
         {"role": "tool", "content": "two", "tool_call_id": "c2"},
     ]})  # fmt: skip
+
+
+def test_a_completions_prompt_scores_are_in_its_parameters_as_made() -> None:
+    """``prompt_logprobs`` (or ``logprobs`` for an echo) is given when the parameters are
+    made, so they are validated once, as they would be if set afterwards."""
+    for fields, expected in [({}, None), ({"prompt_logprobs": 2}, 2),
+                             ({"echo": True, "logprobs": 3, "prompt_logprobs": 1}, 3)]:  # fmt: skip
+        request = CompletionRequest.model_validate({"prompt": "hi", **fields})
+        made = request.sampling_params(4, request.logprobs, None, request.num_prompt_logprobs)
+        assert made.prompt_logprobs == expected
+        plain = request.sampling_params(4, request.logprobs, None)
+        assert made == replace(plain, prompt_logprobs=expected)
