@@ -10,6 +10,7 @@ from tests.unit.server.guards.conftest import Serve
 from tests.unit.server.guards.test_auth import ReadingApp
 
 from infer.server.guards.allowed_hosts import (
+    CACHED_HOSTS,
     AllowedHosts,
     default_allowed_hosts,
     host_allowed,
@@ -55,3 +56,16 @@ def test_a_host_not_allowed_is_a_400_before_the_body(serve: Serve) -> None:
         assert httpx.post(f"{url}/v1/completions", content=b"{}", headers=named).text == "2"
         assert httpx.get(f"{url}/health").status_code == 200
     assert app.bodies_read == 2
+
+
+def test_a_host_header_is_answered_as_matching_it_anew_would() -> None:
+    """Answers are remembered per header (a bounded number of them); each is the one
+    ``host_allowed`` gives, on every request."""
+    guard = AllowedHosts(ReadingApp(), default_allowed_hosts("127.0.0.1"))
+    headers = ["127.0.0.1:8000", "localhost", "[::1]:80", "app.localhost:1", "127.0.0.2",
+               "evil.example", "10.0.0.1:8000", "localhost.evil.example"]  # fmt: skip
+    for _ in range(2):
+        for header in headers:
+            assert guard.allows(header) == host_allowed(host_name(header), guard.allowed)
+    assert guard.allows.cache_info().hits == len(headers)
+    assert guard.allows.cache_info().maxsize == CACHED_HOSTS
