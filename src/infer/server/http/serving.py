@@ -361,7 +361,7 @@ class OpenAIServing(ABC):
         if self.stream_done:
             tail.append(self.stream_done)
         if tail:
-            yield "".join(tail)
+            yield LastPiece("".join(tail))
 
     async def _respond(self, ctx: Context, job: Job, raw: Request) -> Response:
         collect = asyncio.ensure_future(self._collect(ctx, job))
@@ -405,6 +405,10 @@ def check_model(requested: str | None, served: str) -> None:
         )
 
 
+class LastPiece(str):
+    """A stream's last piece of text, which ends its response's body (``_EventStream``)."""
+
+
 class _EventStream(StreamingResponse):
     """An SSE response that runs ``on_close`` however it ends: when the client goes away
     while the body generator waits at a ``yield``, the generator is not resumed and its
@@ -417,6 +421,22 @@ class _EventStream(StreamingResponse):
     def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
         self._on_close = on_close
+
+    async def stream_response(self, send: Send) -> None:
+        """Starlette's, but a ``LastPiece`` ends the body itself: uvicorn writes it and the
+        end of the chunked body to the socket at once, instead of one after the other."""
+        start = {"type": "http.response.start", "status": self.status_code,
+                 "headers": self.raw_headers}  # fmt: skip
+        await send(start)
+        ended = False
+        async for piece in self.body_iterator:
+            assert isinstance(piece, str) and not ended, "text, nothing after the last piece"
+            ended = isinstance(piece, LastPiece)
+            await send(
+                {"type": "http.response.body", "body": piece.encode(), "more_body": not ended}
+            )
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stream = asyncio.ensure_future(self.stream_response(send))

@@ -16,7 +16,13 @@ from infer.server.bridge.engine_client import Job
 from infer.server.guards.retry_after import RetryAfterEstimator
 from infer.server.http.completions import CompletionServing
 from infer.server.http.metrics import ServerMetrics
-from infer.server.http.serving import Context, _as_api_error, _EventStream, _SequenceFailed
+from infer.server.http.serving import (
+    Context,
+    LastPiece,
+    _as_api_error,
+    _EventStream,
+    _SequenceFailed,
+)
 from infer.server.http.sse import ChunkTemplate, completion_choice
 
 
@@ -92,6 +98,7 @@ def test_the_last_token_its_usage_and_done_go_out_as_one_piece() -> None:
     )
     assert first == serving.frame(ctx.template.chunk(completion_choice(0, "a", None, None, None)))
     assert '"completion_tokens":2' in last and job.closed
+    assert isinstance(last, LastPiece) and not isinstance(first, LastPiece)
 
 
 def _respond(body: AsyncIterator[str], disconnect_at_once: bool) -> tuple[list[Message], int]:
@@ -125,6 +132,20 @@ def test_an_event_stream_sends_its_body_and_closes_once() -> None:
 
     sent, closes = _respond(body(), disconnect_at_once=False)
     assert [m.get("body") for m in sent] == [None, b"data: a\n\n", b""] and closes == 1
+
+
+def test_an_event_streams_last_piece_ends_its_body() -> None:
+    """The same bytes as a body ended apart, in one message (one write to the socket)."""
+
+    async def body() -> AsyncIterator[str]:
+        yield "data: a\n\n"
+        yield LastPiece("data: b\n\ndata: [DONE]\n\n")
+
+    sent, closes = _respond(body(), disconnect_at_once=False)
+    assert [(m.get("body"), m.get("more_body")) for m in sent] == [
+        (None, None), (b"data: a\n\n", True), (b"data: b\n\ndata: [DONE]\n\n", False)
+    ]  # fmt: skip
+    assert closes == 1
 
 
 def test_an_event_stream_stops_when_the_client_goes_away() -> None:
