@@ -137,6 +137,9 @@ class _Request(BaseModel):
     # ``null`` there means "not given", so it is dropped and the default applies.
     _null_means_default: ClassVar[frozenset[str]] = frozenset()
     _keys: ClassVar[frozenset[str]] = frozenset()  # of every field, as clients spell them
+    # ``model_fields``' names, read for each key of each body and message validated: the
+    # class property costs a descriptor call at each reading (~0.3 us against ~0.08).
+    _names: ClassVar[frozenset[str]] = frozenset()
     # Unknown fields are dropped (logged at debug) rather than refused: messages and their
     # parts, which clients send back with fields of their own.
     _ignores_unknown_fields: ClassVar[bool] = False
@@ -150,6 +153,7 @@ class _Request(BaseModel):
             if not info.is_required() and not _admits_none(info.annotation)
         )
         cls._keys = frozenset(info.alias or name for name, info in cls.model_fields.items())
+        cls._names = frozenset(cls.model_fields)
 
     @model_validator(mode="before")
     @classmethod
@@ -163,11 +167,7 @@ class _Request(BaseModel):
             name: value
             for name, value in data.items()
             if not (value is None and name in cls._null_means_default)
-            and (
-                name in cls.model_fields
-                or name not in UNSUPPORTED_FIELDS
-                or not _harmless(name, value)
-            )
+            and (name in cls._names or name not in UNSUPPORTED_FIELDS or not _harmless(name, value))
         }
         if cls._ignores_unknown_fields:
             kept = cls._without_unknown_fields(kept)

@@ -20,6 +20,7 @@ from infer.server.openai.protocol import (
     CompletionRequest,
     StreamOptions,
     TokenizeChatRequest,
+    _Request,
 )
 
 QUESTION = [{"role": "user", "content": "hi"}]
@@ -467,3 +468,14 @@ def test_a_completions_prompt_scores_are_in_its_parameters_as_made() -> None:
         assert made.prompt_logprobs == expected
         plain = request.sampling_params(4, request.logprobs, None)
         assert made == replace(plain, prompt_logprobs=expected)
+
+
+def test_every_request_models_field_names_are_kept_as_pydantic_has_them() -> None:
+    """``_Request._names``, read instead of ``model_fields`` for each key validated."""
+    models, seen = [_Request], []
+    while models:
+        model = models.pop()
+        seen.append(model)
+        assert model._names == frozenset(model.model_fields), model
+        models.extend(model.__subclasses__())
+    assert {CompletionRequest, ChatCompletionRequest, ResponsesRequest} <= set(seen)
