@@ -74,7 +74,7 @@ class TextPieces:
         text's pieces joined, then its special tokens added as for the whole text."""
         pieces = [self.cut(text) for text in texts]
         flat = [piece for text_pieces in pieces for piece in text_pieces]
-        encoded = iter(self.rust.encode_batch(flat, add_special_tokens=False))
+        encoded = iter(self.rust.encode_batch_fast(flat, add_special_tokens=False))
         ids = []
         for text_pieces in pieces:
             merged = Encoding.merge([next(encoded) for _ in text_pieces], growing_offsets=True)

@@ -112,6 +112,11 @@ def test_encode_decode_round_trip(tokenizer: Tokenizer, text: str) -> None:
     assert ids and tokenizer.decode(ids) == text
 
 
+def test_a_batch_encodes_each_text_as_encode_does(tokenizer: Tokenizer) -> None:
+    """``encode_batch`` (offsets skipped) gives the ids ``encode`` gives, text by text."""
+    assert tokenizer.encode_batch(TEXTS) == [tokenizer.encode(text) for text in TEXTS]
+
+
 def test_chat_template(tokenizer: Tokenizer) -> None:
     """SmolLM2's ChatML, its default system prompt, and the assistant turn opened."""
     ids = tokenizer.apply_chat_template(QUESTION)
