@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 _BLOCK = 1024
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -38,10 +38,9 @@ def _gated(x: Tensor, act: str) -> Tensor:
     out = x2.new_empty(x2.shape[0], n_cols)
     if out.numel():
         grid = (x2.shape[0], triton.cdiv(n_cols, _BLOCK))
-        pdl = pdl_enabled(x2)
         _gated_act_kernel[grid](
-            out, x2, n_cols, out.stride(0), x2.stride(0), ACT=act, BLOCK=_BLOCK, PDL=pdl,
-            launch_pdl=pdl,
+            out, x2, n_cols, out.stride(0), x2.stride(0), ACT=act, BLOCK=_BLOCK,
+            **pdl_launch(x2),
         )  # fmt: skip
     return out.view(*x.shape[:-1], n_cols)
 

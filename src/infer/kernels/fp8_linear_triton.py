@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from infer.kernels.fp8 import FP8, FP8_MAX, INVERSE_FP8_MAX, MIN_SCALE
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -159,13 +159,12 @@ def w8a16_linear_triton(x: Tensor, weight: Tensor, weight_scale: Tensor, tile: W
     if m == 0:
         return out.to(x.dtype)
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), tile.split_k)
-    pdl = pdl_enabled(x)
     _w8a16_kernel[grid](
         x, weight, weight_scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
         EVEN_K=k % (tile.split_k * tile.block_k) == 0, EVEN_N=n % tile.block_n == 0,
-        USE_DOT=use_dot, PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages,
-        launch_pdl=pdl,
+        USE_DOT=use_dot, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        **pdl_launch(x),
     )  # fmt: skip
     return out if tile.split_k == 1 else out.to(x.dtype)
 

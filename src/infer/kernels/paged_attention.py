@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_launch, wait_for_previous_kernel
 from infer.kernels.ragged_batch import RaggedBatch
 
 # (partials shape, counters shape) → split partials, log-sum-exps and finished-split counters.
@@ -572,7 +572,6 @@ def _launch_decode(
         part_out, part_lse, counters = out[:, :, :, None], out[:, :, 0], meta.seq_lens
     merge = 1 < num_splits <= _MAX_SPLITS_MERGED_IN_KERNEL
     tables, starts = meta.block_tables, meta.query_start_loc
-    pdl = pdl_enabled(q)
     _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
         out, q, k_cache, v_cache, tables, meta.seq_lens, starts, meta.row_order, meta.row_counts,
         part_out, part_lse, counters,
@@ -586,8 +585,8 @@ def _launch_decode(
         GROUP=group, ROWS=max(tile.block_m, triton.next_power_of_2(queries * group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=tile.block_n, SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q), DECODE_ONLY=meta.max_query_len <= queries,
-        QUERIES=queries, PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages,
-        launch_pdl=pdl,
+        QUERIES=queries, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        **pdl_launch(q),
     )  # fmt: skip
     if num_splits > 1 and not merge:
         _launch_combine(out, part_out, part_lse, meta, num_splits, row_splits)
@@ -600,7 +599,6 @@ def _launch_combine(
     """Merge the split partials of every decode row, or with ``prefill_tile`` (window, tokens
     and keys a step of the prefill kernel's tiles) of every prefill token."""
     window, block_q, block_n = prefill_tile or (0, 1, 16)
-    pdl = pdl_enabled(out)
     _combine_kernel[(part_out.shape[2], part_out.shape[0])](
         out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, meta.row_order,
         meta.row_counts, meta.token_rows, window,
@@ -609,7 +607,7 @@ def _launch_combine(
         SPLITS_POW2=triton.next_power_of_2(num_splits), HEAD_DIM=part_out.shape[3],
         PREFILL=prefill_tile is not None, DECODE_ONLY=meta.max_query_len <= meta.decode_queries,
         BLOCK_Q=block_q, BLOCK_N=block_n, QUERIES=1 if prefill_tile else meta.decode_queries,
-        PDL=pdl, num_warps=4, launch_pdl=pdl,
+        num_warps=4, **pdl_launch(out),
     )  # fmt: skip
 
 

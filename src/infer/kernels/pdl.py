@@ -4,7 +4,7 @@ its results.
 
 At one row a decode step is a chain of a few hundred short kernels, and each would otherwise
 pay its launch and its first memory round trip after the one before has ended. A kernel
-launched with ``launch_pdl=pdl_enabled(x)`` and its ``PDL`` constexpr set calls
+launched with ``**pdl_launch(x)`` (the launch option and its ``PDL`` constexpr) calls
 ``wait_for_previous_kernel`` before it reads or writes anything another kernel touches (the
 wait returns once the kernel before has ended and its writes are visible, which by the same
 rule means every kernel before that has ended too), then lets the next kernel launch.
@@ -36,6 +36,13 @@ def pdl_enabled(x: Tensor) -> bool:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _hopper_or_later(index)
+
+
+def pdl_launch(x: Tensor) -> dict[str, bool]:
+    """A launch's keywords for kernels on ``x``'s device: the ``PDL`` constexpr and Triton's
+    ``launch_pdl`` option, which must agree."""
+    enabled = pdl_enabled(x)
+    return {"PDL": enabled, "launch_pdl": enabled}
 
 
 @triton.jit

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 
 def _as_rows(x: Tensor) -> Tensor:
@@ -71,13 +71,12 @@ def _launch(
     res_out = x2.new_empty(x2.shape) if residual is not None else out
     num_rows, n_cols = x2.shape
     block_r, block_n, num_warps = _row_tile(n_cols)
-    pdl = pdl_enabled(x2)
     _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
         out, x2, res2, res_out, weight,
         num_rows, n_cols, out.stride(0), x2.stride(0), res2.stride(0), res_out.stride(0),
         eps, offset,
-        FUSE_ADD=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n, PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl,
+        FUSE_ADD=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n,
+        num_warps=num_warps, **pdl_launch(x2),
     )  # fmt: skip
     return out.view(x.shape), res_out.view(x.shape)
 

@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from infer.kernels.fp8 import FP8
-from infer.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from infer.kernels.pdl import pdl_launch, wait_for_previous_kernel
 
 
 @triton.jit
@@ -109,7 +109,6 @@ def rope_and_write_kv_triton(
     num_tokens, n_q_heads, head_dim = q.shape
     if num_tokens:
         half, n_kv_heads = head_dim // 2, k.shape[1]
-        pdl = pdl_enabled(q)
         _rope_kv_write_kernel[(num_tokens,)](
             q, k, v, k_cache, v_cache, positions, slot_mapping, cos_sin_cache,
             n_q_heads, n_kv_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
@@ -118,6 +117,6 @@ def rope_and_write_kv_triton(
             float(kv_scales[0]), float(kv_scales[1]),
             HALF=half, BLOCK_SIZE=k_cache.shape[2], BLOCK_HQ=triton.next_power_of_2(n_q_heads),
             BLOCK_HK=triton.next_power_of_2(n_kv_heads), BLOCK_HALF=triton.next_power_of_2(half),
-            FP8_CACHE=k_cache.dtype == FP8, PDL=pdl, launch_pdl=pdl,
+            FP8_CACHE=k_cache.dtype == FP8, **pdl_launch(q),
         )  # fmt: skip
     return q
