@@ -267,6 +267,22 @@ def best_tiles(records: list[dict[str, Any]], m: int) -> dict[str, W8A16Tile]:
     return {shape: tile for shape, (_, tile) in best.items()}
 
 
+# (shape name, bf16 weight, FP8 weight, its row scales)
+LayerWeight = tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def layer_weights(
+    layers: int, shapes: dict[str, tuple[int, int]], gen: torch.Generator
+) -> list[LayerWeight]:
+    """Each layer's own random weight of every shape, in bf16 and FP8."""
+    weights = []
+    for _ in range(layers):
+        for name, (k, n) in shapes.items():
+            w = torch.randn(n, k, generator=gen, device=gen.device, dtype=torch.bfloat16) * 0.02
+            weights.append((name, w, *quantize_rows(w)))
+    return weights
+
+
 def probe_chain(out: Path, tiles: dict[str, W8A16Tile], m: int, quick: bool) -> None:
     """A step's projections at ``m`` rows, as a decode step runs them: 28 layers' own
     weights, qkv → o → gate_up → down, in one CUDA graph: bf16 against W8A16 at the best
@@ -275,11 +291,7 @@ def probe_chain(out: Path, tiles: dict[str, W8A16Tile], m: int, quick: bool) -> 
     layers = 2 if quick else 28
     shapes = {"tiny": (1024, 64)} if quick else SHAPES
     gen = torch.Generator(device=device).manual_seed(1)
-    weights = []
-    for _ in range(layers):
-        for name, (k, n) in shapes.items():
-            w = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
-            weights.append((name, w, *quantize_rows(w)))
+    weights = layer_weights(layers, shapes, gen)
     inputs = {
         k: torch.randn(m, k, generator=gen, device=device, dtype=torch.bfloat16)
         for k, _ in shapes.values()
@@ -342,21 +354,17 @@ def probe_pdl(out: Path, m: int, quick: bool) -> None:
     device = torch.device("cpu" if quick else "cuda")
     layers = 1 if quick else 28
     gen = torch.Generator(device=device).manual_seed(2)
-    weights = []
-    for _ in range(layers):
-        for k, n in SHAPES.values():
-            w = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
-            weights.append((w, *quantize_rows(w)))
+    weights = layer_weights(layers, SHAPES, gen)
     hidden = SHAPES["qkv"][0]
     x = torch.randn(m, hidden, generator=gen, device=device, dtype=torch.bfloat16)
     norm_weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
 
     def fp8(a: torch.Tensor, index: int) -> torch.Tensor:
-        _, q, s = weights[index]
+        _, _, q, s = weights[index]
         return w8a16_linear_triton(a, q, s, w8a16_tile(a.shape[0], *q.shape))
 
     def bf16(a: torch.Tensor, index: int) -> torch.Tensor:
-        return F.linear(a, weights[index][0])
+        return F.linear(a, weights[index][1])
 
     variants: list[tuple[str, Linear, bool]] = [
         ("bf16, off", bf16, False),
