@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -37,10 +37,12 @@ class KernelVariant:
     seconds: float
     part: str
     from_cache: bool
+    ahead: bool = False  # in a compiling process (``compile_ahead``), before its launch
 
     def describe(self) -> str:
         how = "loaded" if self.from_cache else "compiled"
-        return f"{self.name}[{self.specialization}] {how} in {self.seconds:.2f} s"
+        where = " (ahead, in a compiling process)" if self.ahead else ""
+        return f"{self.name}[{self.specialization}] {how} in {self.seconds:.2f} s{where}"
 
 
 class JitLog:
@@ -57,6 +59,7 @@ class JitLog:
         self._installed = False
         self._started: dict[str, float] = {}
         self._cache_hits = threading.local()  # the disk cache's answer for this thread's build
+        self._ahead: set[str] = set()  # keys built ahead whose launch has not loaded them yet
         self._lock = threading.Lock()
 
     @property
@@ -108,6 +111,13 @@ class JitLog:
         self.ready = True
         self._default_part = SERVING
 
+    def built_elsewhere(self, key: str, variant: KernelVariant) -> None:
+        """``variant`` was built ahead in another process (``compile_ahead``): logged now,
+        with that process's time; its launch's load from the kernel cache is not logged."""
+        with self._lock:
+            self._ahead.add(key)
+            self.variants.append(replace(variant, ahead=True))
+
     def _before(self, key: Any, **_: Any) -> None:
         with self._lock:
             self._started[str(key)] = self._clock()
@@ -117,15 +127,21 @@ class JitLog:
 
     def _after(self, key: Any, fn: Any, compile: dict[str, Any], **_: Any) -> None:
         now = self._clock()
-        with self._lock:
-            seconds = now - self._started.pop(str(key), now)
-        name = getattr(fn, "name", "?")
-        part = self.part
         from_cache = getattr(self._cache_hits, "hit", None)
         self._cache_hits.hit = None
+        with self._lock:
+            seconds = now - self._started.pop(str(key), now)
+            ahead = str(key) in self._ahead
+            self._ahead.discard(str(key))
         if from_cache is None:  # a Triton without the listener: a load is fast
             from_cache = seconds < CACHE_LOAD_S
-        variant = KernelVariant(name, _specialization(fn, compile), seconds, part, from_cache)
+        if ahead and from_cache:  # logged when it was built (compiled again: logged twice)
+            return
+        name = getattr(fn, "name", "?")
+        part = self.part
+        variant = KernelVariant(
+            name, describe_specialization(fn, compile), seconds, part, from_cache
+        )
         self.variants.append(variant)
         if self.ready and part == SERVING:
             logger.warning("kernel variant built after start-up (the warm-up missed it): %s",
@@ -148,7 +164,7 @@ def _chained(previous: Any, hook: Any) -> Any:
     return both
 
 
-def _specialization(fn: Any, compile: dict[str, Any]) -> str:
+def describe_specialization(fn: Any, compile: dict[str, Any]) -> str:
     """``NAME=value`` of each compile-time constant, then the other arguments Triton
     specialised: ``name%16`` (a multiple of 16 or a 16-byte aligned pointer)."""
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from triton import knobs
 
-from infer.kernels.jit_log import CACHE_LOAD_S, JitLog, _chained
+from infer.kernels.jit_log import CACHE_LOAD_S, JitLog, KernelVariant, _chained
 
 
 class Clock:
@@ -78,6 +78,22 @@ def test_the_compilation_listener_says_compiled_or_loaded_whatever_the_time() ->
     _build(log, "fast compile", CACHE_LOAD_S / 10, cache_hit=False)
     _build(log, "no listener", CACHE_LOAD_S / 10)  # its answer is not carried over
     assert [v.from_cache for v in log.variants] == [True, False, True]
+
+
+def test_a_variant_built_ahead_is_logged_once_unless_its_launch_compiles_it_again() -> None:
+    log = JitLog(Clock())
+    ahead = KernelVariant("_sample_kernel", "BLOCK=1024", 3.0, "start-up", from_cache=False)
+    log.built_elsewhere("a", ahead)
+    log.built_elsewhere("b", ahead)
+    _build(log, "a", 0.5, cache_hit=True)  # its launch loads it from the kernel cache
+    _build(log, "a", 0.5, cache_hit=True)  # loaded again later (another engine here): logged
+    _build(log, "b", 2.0, cache_hit=False)  # its launch missed the cache
+    assert [(v.seconds, v.ahead, v.from_cache) for v in log.variants] == [
+        (3.0, True, False), (3.0, True, False), (0.5, False, True), (2.0, False, False),
+    ]  # fmt: skip
+    assert log.variants[0].describe() == (
+        "_sample_kernel[BLOCK=1024] compiled in 3.00 s (ahead, in a compiling process)"
+    )
 
 
 def test_a_layout_it_does_not_know_shows_the_key() -> None:

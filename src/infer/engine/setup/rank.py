@@ -23,6 +23,7 @@ from infer.engine.setup.memory import KVCacheBuilder
 from infer.engine.setup.start_up_log import start_up_part
 from infer.engine.setup.warmup import SAMPLER_PART, SamplerWarmUp, warm_up_kernels
 from infer.engine.speculative.token_history import TokenHistory
+from infer.kernels.compile_ahead import CompilerProcesses, compile_ahead
 from infer.kernels.dispatch import triton_enabled
 from infer.kernels.jit_cache import use_kernel_cache
 from infer.kernels.jit_log import JIT_LOG
@@ -54,9 +55,12 @@ def build_rank(
     JIT_LOG.install()
     log = group.rank == 0
     dtype = config.torch_dtype
+    # Every rank runs the same recorded stretches (their collectives), so every rank has
+    # its compilers; the ranks of one host share its cores.
+    compilers = CompilerProcesses.for_device(device, min(group.world_size, _gpus_here()))
     sampler = None  # only rank 0 samples
     if device.type == "cuda" and group.rank == 0:
-        sampler = SamplerWarmUp(model_config.vocab_size, device, dtype)
+        sampler = SamplerWarmUp(model_config.vocab_size, device, dtype, compilers)
     try:
         with start_up_part(f"{source.name}: load the weights", log=log):
             model, _ = load_model(
@@ -64,7 +68,9 @@ def build_rank(
                 config.quantization,
             )  # fmt: skip
         with start_up_part(f"{source.name}: size the KV cache", log=log):
-            builder = KVCacheBuilder(config, model_config, model, device, dtype, max_seq_len, group)
+            builder = KVCacheBuilder(
+                config, model_config, model, device, dtype, max_seq_len, group, compilers
+            )
             pool, storage = builder.build()
         max_seq_len = builder.max_seq_len
         verify = verify_shape(config, model_config, group)
@@ -88,14 +94,23 @@ def build_rank(
         if device.type == "cuda":
             with start_up_part(f"{source.name}: warm up the step kernels", log=log):
                 chunks = _long_chunks(config, max_seq_len)
-                warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
+
+                def warm_up() -> None:
+                    warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
+
+                compile_ahead(compilers, warm_up)
+                warm_up()
     except BaseException:
         if sampler is not None:
             sampler.abandon()
+        if compilers is not None:
+            compilers.close()
         raise
     if sampler is not None:  # before graphs are captured: no other thread may launch then
         with start_up_part(SAMPLER_PART, since=sampler.since):
             sampler.wait()
+    if compilers is not None:
+        compilers.close()
     if graphs is not None:
         with start_up_part(
             f"{source.name}: capture {len(graphs.buckets)} CUDA graphs", log=log
@@ -103,6 +118,10 @@ def build_rank(
             graphs.capture()
         graphs.measure_verify_costs()
     return RankState(model, pool, runner, max_seq_len)
+
+
+def _gpus_here() -> int:
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
 
 
 def _long_chunks(config: EngineConfig, max_seq_len: int) -> tuple[int, ...]:

@@ -2,9 +2,9 @@
 
 The sampling kernel's variants (with or without top-p, a grammar mask, for each logits
 dtype) are the longest compiles of the start-up (``benchmarks/results-by-topic/
-10-host-overheads.md``, 10.4) and need nothing but the vocabulary, so they compile in threads
-of their own beside the model's loading
-(``SamplerWarmUp``); the step kernels need the model and its pool (``warm_up_kernels``).
+10-host-overheads.md``, 10.4) and need nothing but the vocabulary, so they compile beside
+the model's loading (``SamplerWarmUp``); the step kernels need the model and its pool
+(``warm_up_kernels``). On a GPU both compile in processes (``compile_ahead``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.protocol import CachePoolProtocol
+from infer.kernels.compile_ahead import CompilerProcesses, compile_ahead
 from infer.kernels.jit_log import JIT_LOG
 from infer.kernels.sampling import RowSettings, TokenMask, sample_filtered
 from infer.models import DecoderModel
@@ -78,12 +79,16 @@ class SamplerWarmUp:
     in ``dtype`` (as the model computes them) and widened to float32 (where the sampler
     changes them). ``wait`` before graphs are captured (no other thread may launch then)."""
 
-    def __init__(self, vocab_size: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, vocab_size: int, device: torch.device, dtype: torch.dtype,
+        compilers: CompilerProcesses | None = None,
+    ) -> None:  # fmt: skip
         variants = list(itertools.product((1.0, 0.9), (False, True), {dtype, torch.float32}))
         self.since = len(JIT_LOG.variants)  # the variants built from here on are theirs
         self._pool = ThreadPoolExecutor(len(variants), thread_name_prefix="infer-sampler-warm-up")
         self._started = [
-            self._pool.submit(_sample_once, vocab_size, device, *variant) for variant in variants
+            self._pool.submit(_sample_once, vocab_size, device, *variant, compilers)
+            for variant in variants
         ]
 
     def wait(self) -> None:
@@ -100,20 +105,27 @@ class SamplerWarmUp:
 
 
 def _sample_once(
-    vocab_size: int, device: torch.device, top_p: float, masked: bool, dtype: torch.dtype
-) -> None:
+    vocab_size: int, device: torch.device, top_p: float, masked: bool, dtype: torch.dtype,
+    compilers: CompilerProcesses | None = None,
+) -> None:  # fmt: skip
+    # Every dtype named: the model's loading sets torch's default dtype meanwhile (for the
+    # whole process), and a bfloat16 temperature does not compile.
+    ones = torch.ones(1, dtype=torch.float32, device=device)
+    ints = torch.zeros(1, dtype=torch.int64, device=device)
+    rows = RowSettings(
+        ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
+    )
+    mask = None
+    if masked:
+        every_token = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+        mask = TokenMask(every_token.to(device), torch.zeros(1, dtype=torch.int32).to(device))
+    logits = torch.zeros(1, vocab_size, dtype=dtype, device=device)
+
+    def sample() -> None:
+        sample_filtered(logits, rows, mask)
+
     with JIT_LOG.running(SAMPLER_PART):
-        # Every dtype named: the model's loading sets torch's default dtype meanwhile (for
-        # the whole process), and a bfloat16 temperature does not compile.
-        ones = torch.ones(1, dtype=torch.float32, device=device)
-        ints = torch.zeros(1, dtype=torch.int64, device=device)
-        rows = RowSettings(
-            ones, ints + vocab_size, ones * top_p, ones * 0, ints, ints, False, top_p < 1
-        )
-        mask = None
-        if masked:
-            every_token = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
-            mask = TokenMask(every_token.to(device), torch.zeros(1, dtype=torch.int32).to(device))
-        sample_filtered(torch.zeros(1, vocab_size, dtype=dtype, device=device), rows, mask)
+        compile_ahead(compilers, sample)
+        sample()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
