@@ -146,7 +146,7 @@ def _sample_kernel(
             lanes = tl.reshape(
                 tl.join(tl.join(tops, seconds), tl.join(thirds, fourths)), [4 * BLOCK]
             )
-            lane_kth = _at(tl.sort(lanes, descending=True), k - 1)
+            lane_kth = _kth_largest(lanes, k)
             exact_kth = tl.max(fourths, 0) <= lane_kth
     threshold = tl.full([], -float("inf"), tl.float32)  # the lowest z kept
     if min_p > 0:
@@ -251,6 +251,22 @@ def _sample_kernel(
                 chosen = best_z
         round_ += 1
     tl.store(out_ptr + row, choice.to(tl.int64))
+
+
+@triton.jit
+def _kth_largest(values, k):
+    """The ``k``-th largest of ``values`` counted with repeats (``sort(values)[-k]``), by
+    bisection over the bits of an order-keeping unsigned image of the floats: 32 counts,
+    where a sort of the block would be most of this kernel's compiled code and its compile
+    time."""
+    bits = values.to(tl.uint32, bitcast=True)
+    sign = tl.full([], 1, tl.uint32) << 31
+    keys = tl.where((bits & sign) != 0, ~bits, bits | sign)  # negatives reversed, below
+    answer = tl.zeros([], dtype=tl.uint32)
+    for i in range(32):  # the largest key with at least k keys at or above it
+        candidate = answer | (tl.full([], 1, tl.uint32) << (31 - i))
+        answer = tl.where(tl.sum((keys >= candidate).to(tl.int32), 0) >= k, candidate, answer)
+    return tl.where((answer & sign) != 0, answer & ~sign, ~answer).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from tests.conftest import chi_square_critical
 
 from infer.kernels.sampling import (
@@ -18,7 +20,7 @@ from infer.kernels.sampling import (
     uniform_noise,
     unpack_mask,
 )
-from infer.kernels.sampling_triton import sample_filtered_triton
+from infer.kernels.sampling_triton import _kth_largest, sample_filtered_triton
 
 VOCAB = 24
 DRAWS = 6000
@@ -177,8 +179,8 @@ def test_a_token_bitmask_unpacks_to_exactly_the_tokens_whose_bit_is_set() -> Non
 def test_the_triton_kernel_draws_the_reference_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every filter and a mask at once (under TRITON_INTERPRET on a CPU: few rows). Blocks
     of 64 cut a row into five, the last one partial: every pass loops over blocks and masks
-    the vocabulary's end, and top-k sorts 4 x 64 lane values (4 x 512 at the default block,
-    which the interpreter takes seconds a row to sort)."""
+    the vocabulary's end, and top-k selects among 4 x 64 lane values (4 x 1024 at the default
+    block)."""
     import infer.kernels.sampling_triton as kernel
 
     monkeypatch.setattr(kernel, "_MAX_BLOCK", 64)
@@ -230,3 +232,24 @@ def test_top_k_counts_again_when_one_lane_holds_more_than_four_of_the_largest(
         rows.steps.fill_(step)
         expected = sample_filtered_torch(logits, rows, None)
         assert torch.equal(sample_filtered_triton(logits, rows, None), expected)
+
+
+@triton.jit
+def _kth_largest_of_block(values_ptr, k, out_ptr, SIZE: tl.constexpr):
+    tl.store(out_ptr, _kth_largest(tl.load(values_ptr + tl.arange(0, SIZE)), k))
+
+
+def test_the_kth_largest_lane_value_is_the_sorted_one() -> None:
+    """The bisection over the floats' bits picks what a descending sort puts at k - 1:
+    repeats counted, negatives, zeros of both signs and -inf (masked tokens) among them."""
+    torch.manual_seed(5)
+    values = torch.cat([
+        torch.randint(-4, 5, (40,)).float() / 2,
+        torch.randn(16) * 1e3,
+        torch.tensor([float("-inf")] * 5 + [-0.0, 0.0, 1e-30, -1e-30]),
+    ])[:64]  # fmt: skip
+    ordered = values.sort(descending=True).values
+    out = torch.empty(1)
+    for k in range(1, 65):
+        _kth_largest_of_block[(1,)](values, k, out, SIZE=64)
+        assert out.item() == ordered[k - 1].item(), k
