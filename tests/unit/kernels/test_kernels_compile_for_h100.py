@@ -47,6 +47,17 @@ for act in ("silu", "gelu_tanh"):
     assert "griddepcontrol.wait" in kernel.asm["ptx"]
 """
 
+_SAMPLING = """
+from infer.kernels.sampling_triton import _sample_kernel
+pointers = {"logits_ptr": "*bf16", "out_ptr": "*i64", "temperature_ptr": "*fp32",
+            "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "seed_ptr": "*i64",
+            "step_ptr": "*i64", "mask_ptr": "*i32", "mask_rows_ptr": "*i32"}
+for has_mask, top_p in ((False, False), (True, True)):
+    compile_for_h100(_sample_kernel, pointers,
+                     {"HAS_MASK": has_mask, "USE_TOP_P": top_p, "BLOCK": 1024, "PIVOTS": 8,
+                      "STAGES": 3, "FAST_LOG": True})
+"""
+
 _GATHER = """
 from infer.kernels.paged_gather_triton import _gather_kernel
 compile_for_h100(_gather_kernel,
@@ -67,6 +78,10 @@ def test_the_fp8_linear_kernels_compile_for_a_gpu() -> None:
 
 def test_the_norm_and_activation_kernels_compile_for_a_gpu() -> None:
     assert_compiles_for_h100(_ROW_KERNELS)
+
+
+def test_the_sampling_kernel_compiles_for_a_gpu() -> None:
+    assert_compiles_for_h100(_SAMPLING)
 
 
 def test_the_fp8_gather_compiles_for_a_gpu() -> None:
