@@ -171,23 +171,16 @@ def compile_ahead(compilers: CompilerProcesses | None, stretch: Callable[[], obj
 
 
 def _install() -> bool:
-    """Put the recorder in front of Triton's JIT hook (once, after the ``JIT_LOG``'s);
-    False without Triton or its hook."""
+    """Put the recorder in front of Triton's JIT hook (once, after the ``JIT_LOG``'s hooks);
+    False without Triton or its hooks."""
     global _installed
     with _install_lock:
-        if _installed:
-            return True
-        try:
+        if not _installed and JIT_LOG.install():
             from triton import knobs
-        except ImportError:
-            return False
-        runtime = knobs.runtime
-        if not hasattr(runtime, "jit_cache_hook"):
-            return False
-        JIT_LOG.install()
-        runtime.jit_cache_hook = _recording_or(runtime.jit_cache_hook)
-        _installed = True
-        return True
+
+            knobs.runtime.jit_cache_hook = _recording_or(knobs.runtime.jit_cache_hook)
+            _installed = True
+        return _installed
 
 
 def _recording_or(previous: Any) -> Any:
