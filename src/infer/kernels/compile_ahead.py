@@ -65,8 +65,13 @@ class CompilerProcesses:
     kernel while the caller goes on."""
 
     def __init__(self, workers: int, target: tuple[str, int | str, int]) -> None:
-        # No GPU there: a CUDA context in each would take memory the KV sizing counts.
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        # No GPU there: a CUDA context in each would take memory the KV sizing counts. This
+        # process's import path, so the kernels' modules resolve as they do here.
+        environment = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+        }
         command = [sys.executable, "-m", "infer.kernels.compile_worker", json.dumps(target)]
         self._workers = [
             subprocess.Popen(
@@ -90,7 +95,11 @@ class CompilerProcesses:
 
         target = driver.active.get_current_target()
         workers = max(1, min(MAX_WORKERS, (os.cpu_count() or 2) // (2 * ranks_per_host)))
-        return cls(workers, (target.backend, target.arch, target.warp_size))
+        try:
+            return cls(workers, (target.backend, target.arch, target.warp_size))
+        except OSError as error:  # the start-up compiles as it goes
+            logger.warning("no kernel compiling processes: %r", error)
+            return None
 
     def build(self, variants: list[RecordedVariant]) -> dict[str, dict[str, Any]]:
         """Compile ``variants`` side by side; each one's answer by key (``seconds`` and
