@@ -34,7 +34,12 @@ from typing import Any
 
 import torch
 
-from infer.kernels.jit_log import CACHE_LOAD_S, JIT_LOG, KernelVariant, describe_specialization
+from infer.kernels.jit_log import (
+    JIT_LOG,
+    KernelVariant,
+    describe_specialization,
+    loaded_from_cache,
+)
 
 logger = logging.getLogger(__name__)
 _RECORDING: ContextVar[dict[str, RecordedVariant] | None] = ContextVar(
@@ -168,13 +173,12 @@ def compile_ahead(compilers: CompilerProcesses | None, stretch: Callable[[], obj
     answers = compilers.build(list(recorded.values()))
     part = JIT_LOG.part
     for key, variant in recorded.items():
-        answer = answers.get(key, {"error": "not compiled"})
+        answer = answers[key]
         if "error" in answer:
             logger.warning("compiling %s ahead failed: %s", variant.name, answer["error"])
             continue
         seconds = float(answer["seconds"])
-        cache_hit = answer.get("cache_hit")
-        from_cache = seconds < CACHE_LOAD_S if cache_hit is None else bool(cache_hit)
+        from_cache = loaded_from_cache(seconds, answer.get("cache_hit"))
         built = KernelVariant(variant.name, variant.specialization, seconds, part, from_cache)
         JIT_LOG.built_elsewhere(key, built)
 

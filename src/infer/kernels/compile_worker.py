@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, convert_to_tuple_if_list
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def _source(kernel: JITFunction[Any], data: dict[str, Any]) -> tuple[ASTSource, 
     attrs = {
         tuple(key): value for key, value in zip(data["attrs_keys"], data["attrs_vals"], strict=True)
     }
-    signature = {key: _tuples(value) for key, value in data["signature"].items()}
+    signature = {key: convert_to_tuple_if_list(value) for key, value in data["signature"].items()}
     options = {key: tuple(v) if isinstance(v, list) else v for key, v in data["options"].items()}
     return ASTSource(kernel, signature, constants, attrs), options
 
@@ -72,16 +72,11 @@ def _constant(value: Any) -> Any:
     if tl.dtype.is_dtype(value):
         return tl.dtype(value)
     if isinstance(value, dict) and "constexpr" in value:
-        return tl.constexpr(_tuples(value["constexpr"]))
+        return tl.constexpr(convert_to_tuple_if_list(value["constexpr"]))
     if isinstance(value, dict) and "jit_function" in value:
         module, name = value["jit_function"].split(":")
         return _jit_function(module, name)
-    return _tuples(value)
-
-
-def _tuples(value: Any) -> Any:
-    """JSON's lists back to the tuples they were (a kernel signature holds no lists)."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+    return convert_to_tuple_if_list(value)
 
 
 def serve(target: GPUTarget, tasks: TextIO, answers: TextIO) -> None:

@@ -133,8 +133,7 @@ class JitLog:
             seconds = now - self._started.pop(str(key), now)
             ahead = str(key) in self._ahead
             self._ahead.discard(str(key))
-        if from_cache is None:  # a Triton without the listener: a load is fast
-            from_cache = seconds < CACHE_LOAD_S
+        from_cache = loaded_from_cache(seconds, from_cache)
         if ahead and from_cache:  # logged when it was built (compiled again: logged twice)
             return
         name = getattr(fn, "name", "?")
@@ -146,6 +145,11 @@ class JitLog:
         if self.ready and part == SERVING:
             logger.warning("kernel variant built after start-up (the warm-up missed it): %s",
                            variant.describe())  # fmt: skip
+
+
+def loaded_from_cache(seconds: float, cache_hit: bool | None) -> bool:
+    """Triton's compilation listener's answer; without one (``None``), a load is fast."""
+    return seconds < CACHE_LOAD_S if cache_hit is None else cache_hit
 
 
 def _chained(previous: Any, hook: Any) -> Any:
