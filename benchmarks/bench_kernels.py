@@ -219,16 +219,20 @@ def bench_host_overhead() -> None:
     emit(kind="host", path="mixed batch", us_per_call=round(host_us(mixed), 1))
 
 
-def sweep() -> None:
-    """Times alternative decode tiles, split counts and prefill tiles (graph-timed)."""
+SWEPT_DECODE_SHAPES = [(1, 16384), (16, 1024), (16, 4096), (64, 4096), (256, 1024)]
+
+
+def sweep_decode(shapes: list[tuple[int, int]], all_tiles: bool = False) -> None:
+    """Times alternative decode tiles (for batches of 1 and 16, or every batch with
+    ``all_tiles``) and split counts (graph-timed)."""
     tiles = [
         TileConfig(16, block_n, warps, stages)
         for block_n, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))
     ]
-    for batch, ctx in [(1, 16384), (16, 1024), (16, 4096), (64, 4096), (256, 1024)]:
+    for batch, ctx in shapes:
         _, call, _, kv_bytes = decode_setup(batch, ctx)
         default = num_kv_splits(batch, LLAMA[1], ctx, torch.device("cuda"))
-        trials = [(tile, default) for tile in tiles if batch in (1, 16)]
+        trials = [(tile, default) for tile in tiles if all_tiles or batch in (1, 16)]
         trials += [(decode_config(LLAMA[2]), s) for s in sorted({1, 2, 4, 8, 16, 32} - {default})]
         for tile, splits in trials:
             ms = graph_ms([call(num_splits=splits, decode_tile=tile)], min_calls=20)
@@ -237,6 +241,12 @@ def sweep() -> None:
                 splits=splits, us=round(ms * 1e3, 1), gb_s=round(kv_bytes / ms / 1e6, 1),
             )  # fmt: skip
         del call
+        torch.cuda.empty_cache()
+
+
+def sweep() -> None:
+    """Times alternative decode tiles, split counts and prefill tiles (graph-timed)."""
+    sweep_decode(SWEPT_DECODE_SHAPES)
     prefill_tiles = {
         128: [(128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2),
               (64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (128, 32, 8, 3)],
@@ -327,12 +337,21 @@ def main() -> None:
     parser.add_argument(
         "--mixed", action="store_true", help="only a mixed step's prefill tiles and key splits"
     )
+    parser.add_argument(
+        "--decode-sweep",
+        help="only the decode tiles and splits of these BATCHxCONTEXT shapes, e.g. 16x32768",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
     torch.manual_seed(0)
     if args.mixed:
         bench_mixed()
+        return
+    if args.decode_sweep:
+        emit(kind="ceiling", copy_tb_s=round(copy_bandwidth(), 3))
+        shapes = [tuple(map(int, shape.split("x"))) for shape in args.decode_sweep.split(",")]
+        sweep_decode([(batch, ctx) for batch, ctx in shapes], all_tiles=True)
         return
     props = torch.cuda.get_device_properties(0)
     copy_tb_s = copy_bandwidth()

@@ -1,9 +1,11 @@
-"""Where one decode step of batch 1 spends its GPU time (llama-3.2-3b, dummy weights, CUDA
-graphs): ms a step (host work included, steps run one after another) and the graph replay's
-kernels grouped by kind and by name, written to ``DIR/profile.json`` and ``DIR/profile.md``.
+"""Where one decode step spends its GPU time (llama-3.2-3b, dummy weights, CUDA graphs): ms a
+step (host work included, steps run one after another) and the graph replay's kernels grouped
+by kind and by name, written to ``DIR/profile.json`` and ``DIR/profile.md``. With
+``--prefill``, the same for the steps that prefill one prompt of ``--context`` tokens (after
+one such prompt unprofiled, so first-use costs stay out).
 
     PYTHONPATH=src python benchmarks/profile_decode_step.py DIR [--quantization fp8]
-        [--kv-cache-dtype fp8] [--model llama-3.2-3b] [--context 128]
+        [--kv-cache-dtype fp8] [--model llama-3.2-3b] [--context 128] [--batch 1] [--prefill]
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,11 @@ from infer import LLM, SamplingParams
 KINDS = (
     ("w8a16 (Triton)", ("_w8a16",)),
     ("gemm", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitkreduce", "scaled_mm")),
-    ("attention", ("_decode_kernel", "_prefill_kernel", "_combine_kernel")),
+    (
+        "attention",
+        ("_decode_kernel", "_prefill_kernel", "_combine_kernel", "sdpa", "fmha", "flash", "_merge"),
+    ),
+    ("kv gather", ("_gather",)),
     (
         "fp8 quantisation",
         ("_quantize_rows", "float8_copy", "absfunctor", "reduceop<float", "bunaryfunctor", "clamp"),
@@ -36,6 +43,7 @@ KINDS = (
 
 PROFILED = 5  # steps under the profiler, averaged
 ACTIVITIES = [ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]
+BLOCK = 16  # tokens a KV block (the engine's default)
 
 
 def _sync() -> None:
@@ -48,72 +56,54 @@ def kind_of(name: str) -> str:
     return next((k for k, keys in KINDS if any(key.lower() in lowered for key in keys)), "other")
 
 
-def profile_decode_step(
-    out: Path,
-    label: str,
-    options: dict[str, Any],
-    model: str = "llama-3.2-3b",
-    context: int = 128,
-    steps: int = 100,
-) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    llm = LLM(
+def _engine(model: str, options: dict[str, Any], batch: int, max_seq_len: int) -> LLM:
+    """An engine for ``batch`` sequences of up to ``max_seq_len`` tokens: a pool just that
+    large (two engines of one process both fit), synchronous steps (one step's kernels at a
+    time)."""
+    context = max(4096, max_seq_len)
+    return LLM(
         model,
         load_format="dummy",
-        max_batch_size=4,
+        max_batch_size=max(4, batch),
         max_graph_tokens=256,
-        max_seq_len=4096,
-        num_gpu_blocks=1024,  # a small pool: two engines of one process both fit
+        max_seq_len=context,
+        num_gpu_blocks=max(batch * -(-max_seq_len // BLOCK), -(-context // BLOCK)) + 64,
         use_async_scheduling=False,
         **options,
     )
-    engine = llm.engine
-    print(f"{label}: engine ready in {time.perf_counter() - started:.0f} s", flush=True)
-    params = SamplingParams(temperature=0, max_tokens=3000, ignore_eos=True, detokenize=False)
-    prompt = torch.randint(1000, 20000, (context,), generator=torch.Generator().manual_seed(0))
-    engine.add_request(prompt.tolist(), params)
-    for _ in range(min(8, steps)):  # prefill, then a few decode steps
-        engine.step()
-    _sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    _sync()
-    ms_step = (time.perf_counter() - start) * 1e3 / steps
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    """Random token ids: prompts of different seeds share no cached prefix."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, 20000, (length,), generator=generator).tolist()
+
+
+def _profiled(run: Callable[[], int]) -> tuple[int, dict[str, float], dict[str, list[float]]]:
+    """``run``'s kernels under the profiler, by kind and by name (us; calls and us per
+    step, ``run`` returning how many steps it ran)."""
     with profile(activities=ACTIVITIES) as prof:
-        for _ in range(PROFILED):
-            engine.step()
+        steps = run()
         _sync()
     by_kind: dict[str, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            by_kind[kind_of(event.name)] += event.device_time / PROFILED
-            by_name[event.name][0] += 1 / PROFILED
-            by_name[event.name][1] += event.device_time / PROFILED
-    gpu_us = sum(by_kind.values()) or float("nan")
-    record = {
-        "label": label,
-        "options": options,
-        "model": model,
-        "context": context,
-        "ms_per_step": ms_step,
-        "tok_s": 1e3 / ms_step,
-        "gpu_us_per_step": gpu_us,
-        "by_kind_us": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-        "by_kernel": [
-            {"name": name, "calls": calls, "us": us}
-            for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])
-        ],
-    }
-    lines = [
-        f"{label}: {ms_step:.3f} ms a step ({1e3 / ms_step:.1f} tok/s), "
-        f"{gpu_us:.0f} us of kernels a step",
-        "",
-        "| kind | us a step | share |",
-        "|---|---:|---:|",
+            by_kind[kind_of(event.name)] += event.device_time / steps
+            by_name[event.name][0] += 1 / steps
+            by_name[event.name][1] += event.device_time / steps
+    return steps, by_kind, by_name
+
+
+def _write(out: Path, record: dict[str, Any], title: str, by_name: dict[str, list[float]]) -> None:
+    gpu_us = sum(record["by_kind_us"].values()) or float("nan")
+    record["gpu_us_per_step"] = gpu_us
+    record["by_kernel"] = [
+        {"name": name, "calls": calls, "us": us}
+        for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])
     ]
+    lines = [f"{title}, {gpu_us:.0f} us of kernels a step", "", "| kind | us a step | share |"]
+    lines += ["|---|---:|---:|"]
     lines += [
         f"| {kind} | {us:.1f} | {100 * us / gpu_us:.1f} % |"
         for kind, us in record["by_kind_us"].items()
@@ -125,10 +115,92 @@ def profile_decode_step(
     ]
     text = "\n".join(lines)
     print(text, flush=True)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "profile.md").write_text(text + "\n")
     (out / "profile.json").write_text(json.dumps(record, indent=1) + "\n")
-    engine.close()
-    del llm, engine
+
+
+def _by_kind(by_kind: dict[str, float]) -> dict[str, float]:
+    return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+
+
+def profile_decode_step(
+    out: Path,
+    label: str,
+    options: dict[str, Any],
+    model: str = "llama-3.2-3b",
+    context: int = 128,
+    steps: int = 100,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """``batch`` rows decoding over ``context`` tokens each."""
+    started = time.perf_counter()
+    max_tokens = 16 + steps + PROFILED
+    llm = _engine(model, options, batch, context + max_tokens)
+    engine = llm.engine
+    print(f"{label}: engine ready in {time.perf_counter() - started:.0f} s", flush=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    for seed in range(batch):
+        engine.add_request(_prompt(context, seed), params)
+    decoding: set[str] = set()
+    while len(decoding) < batch:  # prefill every row (decode rows ride beside)
+        decoding.update(o.request_id for o in engine.step() if o.new_token_ids)
+    for _ in range(4):
+        engine.step()
+    _sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync()
+    ms_step = (time.perf_counter() - start) * 1e3 / steps
+
+    def run() -> int:
+        for _ in range(PROFILED):
+            engine.step()
+        return PROFILED
+
+    _, by_kind, by_name = _profiled(run)
+    record = {
+        "label": label, "options": options, "model": model, "context": context, "batch": batch,
+        "ms_per_step": ms_step, "tok_s": batch * 1e3 / ms_step, "by_kind_us": _by_kind(by_kind),
+    }  # fmt: skip
+    title = f"{label}, {batch} x {context}: {ms_step:.3f} ms a step ({record['tok_s']:.1f} tok/s)"
+    _write(out, record, title, by_name)
+    engine.close()  # (the engine's memory goes with this frame)
+    return record
+
+
+def profile_prefill(
+    out: Path, label: str, options: dict[str, Any], model: str, context: int
+) -> dict[str, Any]:
+    """The steps that prefill one prompt of ``context`` tokens, up to its first token."""
+    llm = _engine(model, options, 2, context + 16)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
+
+    def run(seed: int) -> int:
+        engine.add_request(_prompt(context, seed), params)
+        steps = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            steps += 1
+        return steps
+
+    run(0)  # the first prompt of this length: planning and first-use costs
+    _sync()
+    start = time.perf_counter()
+    run(1)
+    _sync()
+    ms = (time.perf_counter() - start) * 1e3
+    steps, by_kind, by_name = _profiled(lambda: run(2))
+    record = {
+        "label": label, "options": options, "model": model, "context": context,
+        "prefill_ms": ms, "steps": steps, "tok_s": context * 1e3 / ms,
+        "by_kind_us": _by_kind(by_kind),
+    }  # fmt: skip
+    title = f"{label}, a {context}-token prompt: {ms:.1f} ms in {steps} steps"
+    _write(out, record, title, by_name)
+    engine.close()  # (the engine's memory goes with this frame)
     return record
 
 
@@ -139,13 +211,20 @@ def main() -> None:
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1, help="decode rows")
     parser.add_argument("--steps", type=int, default=100, help="timed steps")
+    parser.add_argument("--prefill", action="store_true", help="profile a prompt's prefill")
     args = parser.parse_args()
     options: dict[str, Any] = {"kv_cache_dtype": args.kv_cache_dtype}
     if args.quantization:
         options["quantization"] = args.quantization
     label = f"{args.quantization or 'bf16'} weights, {args.kv_cache_dtype} KV"
-    profile_decode_step(args.out, label, options, args.model, args.context, args.steps)
+    if args.prefill:
+        profile_prefill(args.out, label, options, args.model, args.context)
+    else:
+        profile_decode_step(
+            args.out, label, options, args.model, args.context, args.steps, args.batch
+        )
 
 
 if __name__ == "__main__":
