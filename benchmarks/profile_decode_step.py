@@ -135,7 +135,8 @@ def profile_decode_step(
 ) -> dict[str, Any]:
     """``batch`` rows decoding over ``context`` tokens each."""
     started = time.perf_counter()
-    max_tokens = 16 + steps + PROFILED
+    # Rows decode beside the later prompts' chunks: room for a token per prefill step.
+    max_tokens = 16 + steps + PROFILED + batch * -(-context // 1024)
     llm = _engine(model, options, batch, context + max_tokens)
     engine = llm.engine
     print(f"{label}: engine ready in {time.perf_counter() - started:.0f} s", flush=True)
@@ -174,7 +175,7 @@ def profile_prefill(
     out: Path, label: str, options: dict[str, Any], model: str, context: int
 ) -> dict[str, Any]:
     """The steps that prefill one prompt of ``context`` tokens, up to its first token."""
-    llm = _engine(model, options, 2, context + 16)
+    llm = _engine(model, options, 2, context + 1)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
 

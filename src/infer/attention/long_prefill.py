@@ -9,9 +9,9 @@ chunk of thousands of tokens spends most of its step in attention. Rows with at 
 * its keys and values, cached prefix and its own, are gathered from the paged pool into
   contiguous ``[Hkv, L, D]`` tensors (``kernels.paged_gather``: one copy);
 * without a prefix: one causal call;
-* with one: the chunk against its own keys (causal) and against the prefix (no mask; the
-  query heads that share a KV head are stacked as rows of one head, so no key is copied per
-  query head), merged by their log-sum-exps (``kernels.merge_attention``).
+* with one: the chunk against its own keys (causal) and against the prefix (no mask), merged
+  by their log-sum-exps (``kernels.merge_attention``). cuDNN reads the KV heads as they are
+  (grouped-query attention), so neither keys nor queries are copied per head.
 
 Only eager steps carry a plan (``build_metadata``; steps this large run outside CUDA graphs).
 Layers with a sliding window keep the Triton kernel, which skips the keys outside the window.
@@ -52,8 +52,8 @@ def workspace_bytes(
     heads: tuple[int, int, int], context: int, tokens: int, element_size: int
 ) -> int:
     """Memory one layer's long rows hold beyond an unchunked prefill of ``tokens`` tokens,
-    at most: the gathered K/V of a ``context``-token sequence, the stacked queries and the
-    prefix part's output (``heads``: query heads, KV heads, head_dim)."""
+    at most: the gathered K/V of a ``context``-token sequence and the two parts' outputs
+    (``heads``: query heads, KV heads, head_dim)."""
     num_heads, num_kv_heads, head_dim = heads
     return element_size * head_dim * (2 * num_kv_heads * context + 2 * num_heads * tokens)
 
@@ -148,45 +148,36 @@ def long_prefill_attention(
 
 def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float) -> None:
     """One row: ``out, q [C, H, D]`` (the row's slices), ``k, v [Hkv, prefix + C, D]``."""
-    length, num_heads, dim = q.shape
-    num_kv_heads = k.shape[0]
-    group = num_heads // num_kv_heads
     q_heads = q.transpose(0, 1)[None]  # [1, H, C, D], a view
     if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (14-long-context.md)
         own = F.scaled_dot_product_attention(
-            q_heads, k[None], v[None], is_causal=True, scale=scale, enable_gqa=group > 1
+            q_heads, k[None], v[None], is_causal=True, scale=scale, enable_gqa=True
         )
         out.copy_(own[0].transpose(0, 1))
         return
-    k_own = _expand(k[:, prefix:], group)[None]
-    v_own = _expand(v[:, prefix:], group)[None]
-    own, own_lse = attention_with_lse(q_heads, k_own, v_own, True, scale)
-    # The prefix: each KV head's query heads as rows of one head (no mask, so any order).
-    stacked = q.transpose(0, 1).reshape(num_kv_heads, group * length, dim)[None]
+    own, own_lse = attention_with_lse(
+        q_heads, k[None, :, prefix:], v[None, :, prefix:], True, scale
+    )
     before, before_lse = attention_with_lse(
-        stacked, k[None, :, :prefix], v[None, :, :prefix], False, scale
+        q_heads, k[None, :, :prefix], v[None, :, :prefix], False, scale
     )
     merge_attention(
         out,
         own[0].transpose(0, 1),
         own_lse[0].transpose(0, 1),
-        before.view(num_heads, length, dim).transpose(0, 1),
-        before_lse.view(num_heads, length).transpose(0, 1),
+        before[0].transpose(0, 1),
+        before_lse[0].transpose(0, 1),
     )
-
-
-def _expand(x: Tensor, group: int) -> Tensor:
-    """``[Hkv, L, D]`` → ``[Hkv * group, L, D]``: each KV head for its query heads."""
-    return x.repeat_interleave(group, dim=0) if group > 1 else x
 
 
 def attention_with_lse(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor]:
-    """``q [1, H, Lq, D]`` over ``k, v [1, H, Lk, D]`` → output ``[1, H, Lq, D]`` and
-    natural-log log-sum-exps ``[1, H, Lq]`` (float32). ``causal`` (queries as many as keys
-    here) aligns the last query with the last key. cuDNN's kernel on a GPU that has it
-    (FlashAttention-2's, at about half its rate, on others), the reference elsewhere."""
+    """``q [1, H, Lq, D]`` over ``k, v [1, Hkv, Lk, D]`` (``Hkv`` dividing ``H``) → output
+    ``[1, H, Lq, D]`` and natural-log log-sum-exps ``[1, H, Lq]`` (float32). ``causal``
+    (queries as many as keys here) aligns the last query with the last key. cuDNN's kernel
+    on a GPU that has it (FlashAttention-2's, at about half its rate, on others), both
+    taking the KV heads as they are; the reference elsewhere."""
     if not q.is_cuda:
         return attention_with_lse_torch(q, k, v, causal, scale)
     aten = torch.ops.aten
@@ -210,6 +201,8 @@ def attention_with_lse_torch(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor]:
     """``attention_with_lse`` in plain torch (float32 scores): the reference."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     if causal:
         queries, keys = scores.shape[-2:]

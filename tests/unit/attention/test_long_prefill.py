@@ -129,7 +129,7 @@ def test_the_fused_path_is_for_full_attention_in_half_precision() -> None:
     assert not takes_long_path(torch.zeros(1), 0)
 
 
-def test_workspace_bytes_counts_the_gathered_context_and_the_stacked_queries() -> None:
+def test_workspace_bytes_counts_the_gathered_context_and_both_parts_outputs() -> None:
     assert workspace_bytes((24, 8, 128), 131072, 8192, 2) == 2 * 128 * (
         2 * 8 * 131072 + 2 * 24 * 8192
     )
