@@ -9,7 +9,7 @@ on the device and size their grids from the bucket, so one graph serves any mix 
 chunks, cached prefixes and decode rows at any context length up to ``max_seq_len``.
 
 * Decode graphs (every row one token; batch sizes 1, 2, 4, 8, then multiples of 16) end at
-  the logits of all rows: every row samples. Past 4 rows each size has a second graph whose
+  the logits of all rows: every row samples. Past 2 rows each size has a second graph whose
   keys split more, for steps with a long context (``LONG_DECODE_CONTEXT``).
 * Mixed graphs (token counts 16, 32, 64, 128, then multiples of 128 up to
   ``max_graph_tokens``; rows up to ``min(tokens, max_batch_size)``) end at the final hidden
@@ -49,10 +49,12 @@ from infer.models import DecoderModel
 MIXED_SPLIT_ROWS = 8
 # A decode step whose longest context reaches LONG_DECODE_CONTEXT tokens replays a graph of
 # its size whose keys split as for LONG_DECODE_SPLIT_ROWS rows: split for all its rows, a
-# long row's keys would be walked by one program per KV head, ~0.4 ms a layer at 16k
+# long row's keys would be walked by one program per KV head, ~0.4 ms a layer at 16k. Every
+# row of such a step takes that many pieces; as for two rows (~8 programs per SM for 16 rows)
+# the engine's decode steps over 16 x 32k ran faster than as for four (or for one: no faster)
 # (benchmarks/results-by-topic/14-long-context.md).
 LONG_DECODE_CONTEXT = 4096
-LONG_DECODE_SPLIT_ROWS = 4
+LONG_DECODE_SPLIT_ROWS = 2
 
 
 @dataclass(frozen=True)

@@ -74,9 +74,10 @@ def test_a_decode_step_with_a_long_context_takes_the_bucket_that_splits_keys_mor
     assert graphs.bucket_for(short) == Bucket(16, 16, True)
     long = [*short, _seq(99, LONG_DECODE_CONTEXT - 1, 1)]
     assert graphs.bucket_for(long) == Bucket(16, 16, True, long=True)
-    assert graphs.bucket_for(long[-3:]) == Bucket(4, 4, True)  # 4 rows split as much already
+    assert graphs.bucket_for(long[-3:]) == Bucket(4, 4, True, long=True)
+    assert graphs.bucket_for(long[-2:]) == Bucket(2, 2, True)  # 2 rows split as much already
     long_buckets = [b.tokens for b in graphs.buckets if b.long]
-    assert long_buckets == [8, 16, 32] and Bucket(16, 16, True, long=True) in graphs.buckets
+    assert long_buckets == [4, 8, 16, 32] and Bucket(16, 16, True, long=True) in graphs.buckets
     # a runner whose context is too short for them captures none
     assert not any(b.long for b in _runner(smollm2_llm.engine.model).buckets)
 
@@ -88,7 +89,7 @@ def test_verify_buckets_sit_beside_the_long_context_decode_buckets(smollm2_llm: 
     graphs = CUDAGraphRunner(model, 16, 32, 8192, 64, cpu, VerifyShape(5, 1, 2), history)  # type: ignore[arg-type]
     buckets = graphs.buckets
     assert len(set(buckets)) == len(buckets)
-    assert [b.tokens for b in buckets if b.long] == [8, 16, 32]
+    assert [b.tokens for b in buckets if b.long] == [4, 8, 16, 32]
     verify = [b for b in buckets if b.queries]
     assert [b.rows for b in verify] == [1, 2, 4, 8, 16, 32] and not any(b.long for b in verify)
     assert graphs.verify_bucket(9) == Bucket(80, 16, False, queries=5)
