@@ -1,4 +1,5 @@
-"""A sequence's K and V from the paged cache, laid end to end per head (``[Hkv, L, D]``)."""
+"""A sequence's K and V from the paged cache, laid end to end (``[Hkv, L, D]`` views of
+token-major ``[L, Hkv, D]`` storage)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ def gather_kv(
 ) -> tuple[Tensor, Tensor]:
     """The first ``length`` tokens of the blocks ``blocks`` (int64, in sequence order) of
     ``k_cache, v_cache [N, Hkv, BS, D]``, as ``[Hkv, length, D]`` tensors in ``dtype``: an
-    FP8 cache's values times ``scales`` (K's, V's)."""
+    FP8 cache's values times ``scales`` (K's, V's).
+
+    Their storage is token-major, so the strides of any slice of tokens do not depend on
+    ``length``: cuDNN caches its attention plans by shape and strides, and a chunk's keys
+    then meet the same plan at every step of a long prompt."""
     _, _, block_size, dim = k_cache.shape
     if use_triton(k_cache) and _power_of_two(block_size) and _power_of_two(dim):
         from infer.kernels.paged_gather_triton import gather_kv_triton
@@ -40,7 +45,14 @@ def gather_torch(
     flat = picked.reshape(heads, -1, dim)[:, :length]
     if flat.dtype != dtype:
         flat = flat.to(dtype) * scale if scale != 1.0 else flat.to(dtype)
-    return flat
+    return token_major(heads, length, dim, dtype, cache.device).copy_(flat)
+
+
+def token_major(
+    heads: int, length: int, dim: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """An empty ``[heads, length, dim]`` tensor whose storage is ``[length, heads, dim]``."""
+    return torch.empty(length, heads, dim, dtype=dtype, device=device).transpose(0, 1)
 
 
 def _power_of_two(n: int) -> bool:

@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from infer.kernels.paged_gather import token_major
+
 
 # fmt: off
 @triton.jit
@@ -43,8 +45,8 @@ def gather_kv_triton(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``paged_gather.gather_kv`` on the GPU (a power-of-two block size and head_dim)."""
     _, heads, block_size, dim = k_cache.shape
-    k_out = torch.empty(heads, length, dim, dtype=dtype, device=k_cache.device)
-    v_out = torch.empty_like(k_out)
+    k_out = token_major(heads, length, dim, dtype, k_cache.device)
+    v_out = token_major(heads, length, dim, dtype, k_cache.device)
     count = triton.cdiv(length, block_size)
     _gather_kernel[(count, heads)](
         k_out, v_out, k_cache, v_cache, blocks, length, scales[0], scales[1],

@@ -16,7 +16,9 @@ def test_gather_lays_a_sequence_end_to_end_and_dequantises_fp8() -> None:
     cache = torch.randn(6, 2, BLOCK, 8)
     blocks = torch.tensor([4, 1, 3])
     expected = torch.cat([cache[4], cache[1], cache[3]], dim=1)[:, :40]
-    torch.testing.assert_close(gather_torch(cache, blocks, 40, torch.float32, 1.0), expected)
+    gathered = gather_torch(cache, blocks, 40, torch.float32, 1.0)
+    torch.testing.assert_close(gathered, expected)
+    assert gathered.stride() == (8, 16, 1)  # token-major, as the Triton kernel's
     scaled = gather_torch((cache / 2).to(FP8), blocks, 40, torch.float32, 2.0)
     torch.testing.assert_close(scaled, expected, atol=0.25, rtol=0.07)
 
@@ -33,5 +35,6 @@ def test_triton_matches_torch(length: int, fp8: bool) -> None:
     blocks = torch.tensor([5, 0, 6])[: -(-length // BLOCK)]
     k, v = gather_kv_triton(k_cache, v_cache, blocks, length, torch.float32, scales)
     assert k.shape == v.shape == (2, length, 32)
+    assert k.stride() == v.stride() == (32, 64, 1)  # token-major: a slice's strides are fixed
     torch.testing.assert_close(k, gather_torch(k_cache, blocks, length, torch.float32, scales[0]))
     torch.testing.assert_close(v, gather_torch(v_cache, blocks, length, torch.float32, scales[1]))
