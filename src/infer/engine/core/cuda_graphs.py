@@ -50,9 +50,9 @@ MIXED_SPLIT_ROWS = 8
 # A decode step whose longest context reaches LONG_DECODE_CONTEXT tokens replays a graph of
 # its size whose keys split as for LONG_DECODE_SPLIT_ROWS rows: split for all its rows, a
 # long row's keys would be walked by one program per KV head, ~0.4 ms a layer at 16k. Every
-# row of such a step takes that many pieces; as for two rows (~8 programs per SM for 16 rows)
-# the engine's decode steps over 16 x 32k ran faster than as for four (or for one: no faster)
-# (benchmarks/results-by-topic/14-long-context.md).
+# row of such a step takes that many pieces: long rows' steps ran faster split as for two
+# rows than as for four, and no slower than as for one
+# (benchmarks/results-by-topic/14-long-context.md, 14.10).
 LONG_DECODE_CONTEXT = 4096
 LONG_DECODE_SPLIT_ROWS = 2
 
