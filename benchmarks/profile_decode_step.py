@@ -2,7 +2,9 @@
 step (host work included, steps run one after another) and the graph replay's kernels grouped
 by kind and by name, written to ``DIR/profile.json`` and ``DIR/profile.md``. With
 ``--prefill``, the same for the steps that prefill one prompt of ``--context`` tokens (after
-one such prompt unprofiled, so first-use costs stay out).
+one such prompt unprofiled, so first-use costs stay out). Kernels launched with programmatic
+dependent launch start before the one ahead ends, and their time includes that wait
+(``INFER_DISABLE_PDL=1`` for each kernel's own time).
 
     PYTHONPATH=src python benchmarks/profile_decode_step.py DIR [--quantization fp8]
         [--kv-cache-dtype fp8] [--model llama-3.2-3b] [--context 128] [--batch 1] [--prefill]
