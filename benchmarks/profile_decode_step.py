@@ -62,14 +62,14 @@ def _engine(model: str, options: dict[str, Any], batch: int, max_seq_len: int) -
     """An engine for ``batch`` sequences of up to ``max_seq_len`` tokens: a pool just that
     large (two engines of one process both fit), synchronous steps (one step's kernels at a
     time)."""
-    context = max(4096, max_seq_len)
+    seq_len = max(4096, max_seq_len)
     return LLM(
         model,
         load_format="dummy",
         max_batch_size=max(4, batch),
         max_graph_tokens=256,
-        max_seq_len=context,
-        num_gpu_blocks=max(batch * -(-max_seq_len // BLOCK), -(-context // BLOCK)) + 64,
+        max_seq_len=seq_len,
+        num_gpu_blocks=max(batch * -(-max_seq_len // BLOCK), -(-seq_len // BLOCK)) + 64,
         use_async_scheduling=False,
         **options,
     )
@@ -82,8 +82,8 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 
 def _profiled(run: Callable[[], int]) -> tuple[int, dict[str, float], dict[str, list[float]]]:
-    """``run``'s kernels under the profiler, by kind and by name (us; calls and us per
-    step, ``run`` returning how many steps it ran)."""
+    """``run``'s kernels under the profiler, by kind (the largest first) and by name (us;
+    calls and us per step, ``run`` returning how many steps it ran)."""
     with profile(activities=ACTIVITIES) as prof:
         steps = run()
         _sync()
@@ -94,7 +94,7 @@ def _profiled(run: Callable[[], int]) -> tuple[int, dict[str, float], dict[str, 
             by_kind[kind_of(event.name)] += event.device_time / steps
             by_name[event.name][0] += 1 / steps
             by_name[event.name][1] += event.device_time / steps
-    return steps, by_kind, by_name
+    return steps, dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), by_name
 
 
 def _write(out: Path, record: dict[str, Any], title: str, by_name: dict[str, list[float]]) -> None:
@@ -120,10 +120,6 @@ def _write(out: Path, record: dict[str, Any], title: str, by_name: dict[str, lis
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.md").write_text(text + "\n")
     (out / "profile.json").write_text(json.dumps(record, indent=1) + "\n")
-
-
-def _by_kind(by_kind: dict[str, float]) -> dict[str, float]:
-    return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 
 def profile_decode_step(
@@ -165,7 +161,7 @@ def profile_decode_step(
     _, by_kind, by_name = _profiled(run)
     record = {
         "label": label, "options": options, "model": model, "context": context, "batch": batch,
-        "ms_per_step": ms_step, "tok_s": batch * 1e3 / ms_step, "by_kind_us": _by_kind(by_kind),
+        "ms_per_step": ms_step, "tok_s": batch * 1e3 / ms_step, "by_kind_us": by_kind,
     }  # fmt: skip
     title = f"{label}, {batch} x {context}: {ms_step:.3f} ms a step ({record['tok_s']:.1f} tok/s)"
     _write(out, record, title, by_name)
@@ -199,7 +195,7 @@ def profile_prefill(
     record = {
         "label": label, "options": options, "model": model, "context": context,
         "prefill_ms": ms, "steps": steps, "tok_s": context * 1e3 / ms,
-        "by_kind_us": _by_kind(by_kind),
+        "by_kind_us": by_kind,
     }  # fmt: skip
     title = f"{label}, a {context}-token prompt: {ms:.1f} ms in {steps} steps"
     _write(out, record, title, by_name)
