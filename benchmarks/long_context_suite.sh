@@ -32,7 +32,7 @@ fi
 if [[ $parts == *,ceiling,* ]]; then
   echo "=== kernel ceiling (t=$((SECONDS - start)) s)"
   timeout 200 python3 benchmarks/prefill_ceiling_long.py --out "$out/ceiling" \
-    --parts env,full,prefix,gemma --kinds engine,sdpa-cudnn,split-cudnn --budget-s 150 \
+    --parts env,full,prefix,gemma --kinds engine,flash4,sdpa-cudnn,split-cudnn --budget-s 150 \
     > "$out/ceiling.log" 2>&1
   tail -n 20 "$out/ceiling.log"
 fi

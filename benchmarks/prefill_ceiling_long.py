@@ -8,13 +8,14 @@ call here is >= ~1 ms of GPU work), in TFLOP/s:
 * ``full``: causal prefill of one 8k / 32k / 128k sequence, Llama-3.2-3B heads (24/8/128):
   SDPA per backend (cuDNN, FlashAttention-2, memory-efficient), KV heads expanded or
   ``enable_gqa``, inputs contiguous or strided views of the ``[T, H, D]`` projections, the
-  private cuDNN op with its log-sum-exp; our Triton paged prefill over a block-16 cache; and
+  private cuDNN op with its log-sum-exp; FlashAttention-4 (``flash4``, where the optional
+  ``flash-attn-4`` package is installed); our Triton paged prefill over a block-16 cache; and
   ``engine``: what the engine runs for such a row (``attention.long_prefill``, gather
   included).
 * ``prefix``: a chunk of 8k / 16k new tokens after a cached prefix of 16k..120k tokens (the
   prefix in the paged pool): Triton paged; gather + SDPA with ``causal_lower_right``; split
   (chunk vs itself, causal, + chunk vs the gathered prefix, no mask) merged by log-sum-exps;
-  ``engine``.
+  ``flash4`` over the contiguous K/V (its mask aligned bottom right, no split); ``engine``.
 * ``gemma``: the same at Gemma 3's heads (4/1/256), window 512 on the Triton kernel.
 * ``flex``: FlexAttention compile time and rate (8k causal; 8k over a 24k prefix).
 * ``decode``: split-KV counts for 16 x 32k and 1 x 128k decode rows (graph-replayed).
@@ -47,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infer.attention.flash_attn4 import causal_attention, flash_attn4_available
 from infer.attention.long_prefill import LONG_ROW_TOKENS, long_prefill_attention
 from infer.attention.metadata import ScheduledSequence, build_metadata
 from infer.attention.triton_backend import paged_attention_triton
@@ -164,6 +166,7 @@ class Case:
         self.q = torch.randn(chunk, num_heads, head_dim, device=dev, dtype=dt)
         k_all = torch.randn(total, num_kv_heads, head_dim, device=dev, dtype=dt)
         v_all = torch.randn_like(k_all)
+        self.k_all, self.v_all = k_all, v_all  # [prefix + C, Hkv, D]
         self.k_new, self.v_new = k_all[prefix:], v_all[prefix:]  # [C, Hkv, D] views
         blocks = math.ceil(total / BLOCK)
         table = torch.randperm(blocks, device=dev)
@@ -202,6 +205,13 @@ class Case:
             g = g.transpose(0, 1).reshape(pool.shape[1], blocks * BLOCK, -1)[:, :upto]
             out.append(g[None])
         return out[0], out[1]
+
+
+def flash4(case: Case) -> Tensor:
+    """FlashAttention-4 over the case's contiguous ``[L, Hkv, D]`` K/V, causal (bottom right)."""
+    out = torch.empty_like(case.q)
+    causal_attention(out, case.q, case.k_all, case.v_all, case.scale)
+    return out
 
 
 def bhsd(x: Tensor) -> Tensor:
@@ -288,6 +298,15 @@ def part_env(p: Probe) -> None:
         info["varlen"] = [n for n in dir(varlen) if not n.startswith("_")]
     except ImportError as err:
         info["varlen"] = str(err)
+    info["flash_attn4"] = flash_attn4_available(p.device)
+    if info["flash_attn4"]:
+        from importlib.metadata import version
+
+        t0 = time.perf_counter()
+        import flash_attn.cute  # noqa: F401
+
+        info["flash_attn4_version"] = version("flash-attn-4")
+        info["flash_attn4_import_s"] = round(time.perf_counter() - t0, 2)
     try:
         import triton
 
@@ -345,6 +364,8 @@ def part_full(p: Probe, heads: tuple[int, int, int], sizes: list[int], label: st
         base = {"part": label, "heads": "/".join(map(str, heads)), "prefix": 0, "chunk": case.chunk}
         ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
         p.measure(case.flops, case.engine, ref, **base, kind="engine")
+        if flash_attn4_available(p.device):
+            p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
         sdpa_candidates(p, case, ref, base, f"{n}k")
         if heads == GEMMA:
             window = 512 if not p.small else 16
@@ -447,6 +468,8 @@ def part_prefix(p: Probe, heads: tuple[int, int, int], shapes: list[tuple[int, i
                 "chunk": case.chunk}  # fmt: skip
         ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
         p.measure(case.flops, case.engine, ref, **base, kind="engine")
+        if flash_attn4_available(p.device):
+            p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
         prefix_candidates(p, case, ref, base)
         del case, ref
 

@@ -1,7 +1,7 @@
-"""On a GPU, in bf16, at 8k and 32k tokens: long rows through torch's fused attention (cuDNN,
-and FlashAttention-2 where cuDNN is missing) give what the Triton kernels give, beside the
-rows the Triton kernels keep; and an engine with the fused path generates what one without
-it generates."""
+"""On a GPU, in bf16, at 8k and 32k tokens: long rows through the fused path (FlashAttention-4
+where it is installed; torch's cuDNN attention, and FlashAttention-2 where cuDNN is missing)
+give what the Triton kernels give, beside the rows the Triton kernels keep; and an engine with
+the fused path generates what one without it generates."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import infer.attention as attention_module
 import infer.attention.long_prefill as long_prefill_module
 from infer import LLM, SamplingParams
 from infer.attention import ScheduledSequence, attend, build_metadata
+from infer.attention.flash_attn4 import flash_attn4_available
 from infer.attention.long_prefill import LONG_ROW_TOKENS
 
 pytestmark = pytest.mark.gpu
@@ -90,9 +91,21 @@ STEPS = {
 }
 
 
+@pytest.fixture(params=["flash4", "cudnn"])
+def fused_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each kernel of the fused path: FlashAttention-4 (where installed), and cuDNN."""
+    if request.param == "flash4" and not flash_attn4_available(torch.device("cuda")):
+        pytest.skip("flash-attn-4 is not installed (the optional `flash4` extra)")
+    if request.param == "cudnn":
+        monkeypatch.setattr(long_prefill_module, "flash_attn4_available", lambda device: False)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("heads", [LLAMA, GEMMA], ids=["llama", "gemma"])
 @pytest.mark.parametrize("step", STEPS)
-def test_fused_long_rows_match_the_triton_kernels(step: str, heads: tuple[int, int, int]) -> None:
+def test_fused_long_rows_match_the_triton_kernels(
+    step: str, heads: tuple[int, int, int], fused_kernel: str
+) -> None:
     out, ref = _attend_both(STEPS[step], heads)
     _assert_close(out, ref)
 
@@ -101,6 +114,7 @@ def test_fused_long_rows_match_the_triton_kernels(step: str, heads: tuple[int, i
 def test_without_cudnn_flash_attention_serves_the_prefix_split(
     step: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(long_prefill_module, "flash_attn4_available", lambda device: False)
     monkeypatch.setattr(long_prefill_module, "_has_cudnn_attention", lambda device: False)
     out, ref = _attend_both(STEPS[step], LLAMA)
     _assert_close(out, ref)

@@ -8,10 +8,13 @@ chunk of thousands of tokens spends most of its step in attention. Rows with at 
 
 * its keys and values, cached prefix and its own, are gathered from the paged pool into
   contiguous ``[Hkv, L, D]`` tensors (``kernels.paged_gather``: one copy);
-* without a prefix: one causal call;
-* with one: the chunk against its own keys (causal) and against the prefix (no mask), merged
-  by their log-sum-exps (``kernels.merge_attention``). cuDNN reads the KV heads as they are
-  (grouped-query attention), so neither keys nor queries are copied per head.
+* with FlashAttention-4 installed (``attention.flash_attn4``), one causal call over them;
+* else, through cuDNN: without a prefix, one causal call; with one, the chunk against its own
+  keys (causal) and against the prefix (no mask), merged by their log-sum-exps
+  (``kernels.merge_attention``).
+
+Both kernels read the KV heads as they are (grouped-query attention), so neither keys nor
+queries are copied per head.
 
 Only eager steps carry a plan (``build_metadata``; steps this large run outside CUDA graphs).
 Layers with a sliding window keep the Triton kernel, which skips the keys outside the window.
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from infer.attention.flash_attn4 import causal_attention, flash_attn4_available
 from infer.kernels.dispatch import triton_enabled
 from infer.kernels.merge_attention import merge_attention
 from infer.kernels.paged_gather import gather_kv
@@ -147,7 +151,11 @@ def long_prefill_attention(
 
 
 def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float) -> None:
-    """One row: ``out, q [C, H, D]`` (the row's slices), ``k, v [Hkv, prefix + C, D]``."""
+    """One row: ``out, q [C, H, D]`` (the row's slices), ``k, v [Hkv, prefix + C, D]`` (views
+    of token-major storage)."""
+    if flash_attn4_available(q.device):
+        causal_attention(out, q, k.transpose(0, 1), v.transpose(0, 1), scale)
+        return
     q_heads = q.transpose(0, 1)[None]  # [1, H, C, D], a view
     if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (14-long-context.md)
         own = F.scaled_dot_product_attention(

@@ -1,0 +1,39 @@
+"""FlashAttention-4's attention kernel (the optional ``flash-attn-4`` package) for long
+prompt chunks on Hopper and later.
+
+FlashAttention aligns a causal mask to the bottom right (a chunk's last query sees every key),
+so one call covers a chunk after a cached prefix, where cuDNN's mask is aligned to the top
+left and ``long_prefill`` splits the chunk in two. The package compiles its kernels with the
+CuTe DSL compiler its wheels carry, at the first call of each variant (the engine's warm-up
+makes it): no compiler on the machine. How it compares with cuDNN, shape by shape:
+``benchmarks/results-by-topic/14-long-context.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+from torch import Tensor
+
+
+@functools.cache
+def flash_attn4_available(device: torch.device) -> bool:
+    """Whether long chunks on ``device`` take FlashAttention-4: a GPU of compute capability 9.0
+    or later (Hopper, where it was measured) with the package installed."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    try:  # ``flash_attn`` may be FlashAttention-2's package, which has no ``cute``
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def causal_attention(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> None:
+    """``q [C, H, D]`` over ``k, v [L, Hkv, D]`` (``L >= C``: the last ``C`` keys are the
+    queries' own; ``Hkv`` dividing ``H``), causal, into ``out [C, H, D]``."""
+    from flash_attn.cute import flash_attn_func
+
+    result, _ = flash_attn_func(q[None], k[None], v[None], softmax_scale=scale, causal=True)
+    out.copy_(result[0])

@@ -1,0 +1,43 @@
+"""Where FlashAttention-4 is installed, a long row is one causal call over its gathered K/V
+(tokens first), with the mask aligned to the last key: checked on CPU with a torch stand-in
+for the package's kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.unit.attention.test_long_prefill import make_step, reference
+
+import infer.attention.long_prefill as long_prefill_module
+from infer.attention.flash_attn4 import flash_attn4_available
+from infer.attention.long_prefill import attention_with_lse_torch, long_prefill_attention
+
+
+def test_a_cpu_has_no_flash_attention_4() -> None:
+    assert not flash_attn4_available(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1)])
+def test_long_rows_take_one_causal_call_over_tokens_first_keys(
+    heads: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def stand_in(
+        out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> None:
+        assert k.shape[1:] == v.shape[1:] == (heads[1], q.shape[-1])  # [L, Hkv, D]
+        assert k.is_contiguous() and v.is_contiguous()  # no copy on the way in
+        calls.append((q.shape[0], k.shape[0]))
+        as_heads = [x.transpose(0, 1)[None] for x in (q, k, v)]
+        own, _ = attention_with_lse_torch(*as_heads, True, scale)
+        out.copy_(own[0].transpose(0, 1))
+
+    monkeypatch.setattr(long_prefill_module, "flash_attn4_available", lambda device: True)
+    monkeypatch.setattr(long_prefill_module, "causal_attention", stand_in)
+    q, k, v, meta = make_step([(70, 30), (50, 50), (61, 23)], heads)
+    assert meta.long_prefill is not None and meta.long_prefill.rest is None
+    out = torch.full_like(q, float("nan"))
+    long_prefill_attention(out, q, k, v, meta.long_prefill.rows, q.shape[-1] ** -0.5)
+    assert calls == [(30, 70), (50, 50), (23, 61)]  # one call a row: its chunk, its context
+    torch.testing.assert_close(out, reference(q, k, v, meta), atol=1e-4, rtol=1e-4)
