@@ -12,7 +12,9 @@ makes it): no compiler on the machine. How it compares with cuDNN, shape by shap
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
+import threading
 
 import torch
 from torch import Tensor
@@ -28,6 +30,18 @@ def flash_attn4_available(device: torch.device) -> bool:
         return importlib.util.find_spec("flash_attn.cute") is not None
     except ModuleNotFoundError:
         return False
+
+
+def import_in_background(device: torch.device) -> None:
+    """Where long chunks on ``device`` take FlashAttention-4, start importing it in a thread
+    of its own: the import takes seconds (its compiler's libraries, and torch's compiler
+    stack), which then pass beside the weights' loading; the first call waits for what is
+    left (Python's import lock)."""
+    if flash_attn4_available(device):
+        threading.Thread(
+            target=importlib.import_module, args=("flash_attn.cute",),
+            name="infer-flash-attn4-import", daemon=True,
+        ).start()  # fmt: skip
 
 
 def causal_attention(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> None:

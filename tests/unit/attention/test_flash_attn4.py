@@ -4,17 +4,38 @@ for the package's kernel."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from tests.unit.attention.test_long_prefill import make_step, reference
 
+import infer.attention.flash_attn4 as flash_attn4_module
 import infer.attention.long_prefill as long_prefill_module
-from infer.attention.flash_attn4 import flash_attn4_available
+from infer.attention.flash_attn4 import flash_attn4_available, import_in_background
 from infer.attention.long_prefill import attention_with_lse_torch, long_prefill_attention
 
 
 def test_a_cpu_has_no_flash_attention_4() -> None:
     assert not flash_attn4_available(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_package_is_imported_in_a_thread_of_its_own_where_it_is_used(
+    installed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    imported: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def record(name: str) -> None:
+        imported.append((name, threading.current_thread().name))
+        done.set()
+
+    monkeypatch.setattr(flash_attn4_module, "flash_attn4_available", lambda device: installed)
+    monkeypatch.setattr(flash_attn4_module.importlib, "import_module", record)
+    import_in_background(torch.device("cuda"))
+    assert done.wait(5.0 if installed else 0.1) == installed
+    assert imported == ([("flash_attn.cute", "infer-flash-attn4-import")] if installed else [])
 
 
 @pytest.mark.parametrize("heads", [(4, 2), (4, 1)])

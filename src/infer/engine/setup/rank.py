@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.attention.flash_attn4 import import_in_background
 from infer.attention.long_prefill import long_rows_from
 from infer.cache.protocol import CachePoolProtocol
 from infer.config import EngineConfig, ModelConfig
@@ -53,6 +54,8 @@ def build_rank(
     timed in the start-up log (rank 0's), with the kernel variants it built."""
     use_kernel_cache()
     JIT_LOG.install()
+    if long_rows_from(config.use_sdpa_prefill, device):
+        import_in_background(device)
     log = group.rank == 0
     dtype = config.torch_dtype
     # Every rank runs the same recorded stretches (their collectives), so every rank has
