@@ -47,7 +47,12 @@ def import_in_background(device: torch.device) -> None:
 def causal_attention(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> None:
     """``q [C, H, D]`` over ``k, v [L, Hkv, D]`` (``L >= C``: the last ``C`` keys are the
     queries' own; ``Hkv`` dividing ``H``), causal, into ``out [C, H, D]``."""
-    from flash_attn.cute import flash_attn_func
-
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError as err:  # installed, but a part of it is missing (its own dependencies)
+        raise RuntimeError(
+            f"flash-attn-4 is installed but does not import ({err}): reinstall it with its "
+            "dependencies, or uninstall it to attend through cuDNN"
+        ) from err
     result, _ = flash_attn_func(q[None], k[None], v[None], softmax_scale=scale, causal=True)
     out.copy_(result[0])

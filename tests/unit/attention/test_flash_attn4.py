@@ -4,6 +4,7 @@ for the package's kernel."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -12,7 +13,11 @@ from tests.unit.attention.test_long_prefill import make_step, reference
 
 import infer.attention.flash_attn4 as flash_attn4_module
 import infer.attention.long_prefill as long_prefill_module
-from infer.attention.flash_attn4 import flash_attn4_available, import_in_background
+from infer.attention.flash_attn4 import (
+    causal_attention,
+    flash_attn4_available,
+    import_in_background,
+)
 from infer.attention.long_prefill import attention_with_lse_torch, long_prefill_attention
 
 
@@ -62,3 +67,10 @@ def test_long_rows_take_one_causal_call_over_tokens_first_keys(
     long_prefill_attention(out, q, k, v, meta.long_prefill.rows, q.shape[-1] ** -0.5)
     assert calls == [(30, 70), (50, 50), (23, 61)]  # one call a row: its chunk, its context
     torch.testing.assert_close(out, reference(q, k, v, meta), atol=1e-4, rtol=1e-4)
+
+
+def test_a_broken_install_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # what a failed import leaves
+    q = torch.zeros(2, 4, 8)
+    with pytest.raises(RuntimeError, match="flash-attn-4 is installed but does not import"):
+        causal_attention(torch.empty_like(q), q, q[:, :2], q[:, :2], 1.0)
