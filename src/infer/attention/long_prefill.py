@@ -102,13 +102,18 @@ def plan_long_prefill(
     row_counts = np.array([np.sum(kinds == 0), np.sum(kinds == 1)])
     token_rows = host.token_rows.copy()
     token_rows[np.isin(token_rows, long)] = -1
-    packed = np.concatenate([*tables, row_order, row_counts, token_rows]).astype(np.int64)
+    # Each table padded to an even length, so that every one starts 16 bytes into the copy:
+    # the gather kernel then meets the pointer alignment its warm-up compiled for.
+    padded = [np.pad(t, (0, len(t) % 2)) for t in tables]
+    packed = np.concatenate([*padded, row_order, row_counts, token_rows]).astype(np.int64)
     device = torch.from_numpy(packed).to(meta.seq_lens.device, non_blocking=True)
-    sizes = [len(t) for t in tables] + [len(row_order), 2, len(token_rows)]
+    sizes = [len(t) for t in padded] + [len(row_order), 2, len(token_rows)]
     *blocks, order, counts, owners = torch.split(device, sizes)
     rows = [
-        LongRow(int(starts[r]), int(query_lens[r]), int(host.seq_lens[r] - query_lens[r]), b)
-        for r, b in zip(long, blocks, strict=True)
+        LongRow(
+            int(starts[r]), int(query_lens[r]), int(host.seq_lens[r] - query_lens[r]), b[: len(t)]
+        )
+        for r, b, t in zip(long, blocks, tables, strict=True)
     ]
     others = kinds < 3
     rest = None

@@ -73,6 +73,16 @@ def test_the_plan_takes_long_rows_out_of_the_triton_lists() -> None:
     assert meta.row_counts.tolist() == [2, 3]  # the step's own lists keep every row
 
 
+def test_the_long_rows_block_tables_each_start_16_bytes_aligned() -> None:
+    """Tables of odd lengths side by side in one copy: the gather kernel (specialised on its
+    pointers' alignment) must meet the alignment its warm-up compiled for, row after row."""
+    _, _, _, meta = make_step([(70, 30), (50, 50), (61, 23), (40, 40)])  # 5, 4, 4, 3 blocks
+    assert meta.long_prefill is not None
+    rows = meta.long_prefill.rows
+    assert [len(row.blocks) for row in rows] == [5, 4, 4, 3]
+    assert all(row.blocks.data_ptr() % 16 == 0 for row in rows)
+
+
 def test_no_long_row_no_plan_and_a_step_of_long_rows_only_has_no_triton_view() -> None:
     assert make_step([(40, 1), (30, LONG - 1)])[3].long_prefill is None
     plan = make_step([(50, LONG), (LONG, LONG)])[3].long_prefill
