@@ -7,7 +7,7 @@ chunk of thousands of tokens spends most of its step in attention. Rows with at 
 (a second ``row_order`` / ``row_counts``), and each runs here:
 
 * its keys and values, cached prefix and its own, are gathered from the paged pool into
-  contiguous ``[Hkv, L, D]`` tensors (``kernels.paged_gather``: one copy);
+  ``[Hkv, L, D]`` views of token-major storage (``kernels.paged_gather``: one copy);
 * with FlashAttention-4 installed (``attention.flash_attn4``), one causal call over them;
 * else, through cuDNN: without a prefix, one causal call; with one, the chunk against its own
   keys (causal) and against the prefix (no mask), merged by their log-sum-exps

@@ -54,7 +54,8 @@ def build_rank(
     timed in the start-up log (rank 0's), with the kernel variants it built."""
     use_kernel_cache()
     JIT_LOG.install()
-    if long_rows_from(config.use_sdpa_prefill, device):
+    long_rows = long_rows_from(config.use_sdpa_prefill, device)
+    if long_rows:
         import_in_background(device)
     log = group.rank == 0
     dtype = config.torch_dtype
@@ -90,7 +91,6 @@ def build_rank(
                 model, config.block_size, config.max_batch_size, max_seq_len, graph_tokens, device,
                 verify, history,
             )  # fmt: skip
-        long_rows = long_rows_from(config.use_sdpa_prefill, device)
         runner = ModelRunner(
             model, pool, storage, device, max_seq_len, graphs, group, long_rows, verify, history
         )
