@@ -16,7 +16,8 @@ call here is >= ~1 ms of GPU work), in TFLOP/s:
   prefix in the paged pool): Triton paged; gather + SDPA with ``causal_lower_right``; split
   (chunk vs itself, causal, + chunk vs the gathered prefix, no mask) merged by log-sum-exps;
   ``flash4`` over the contiguous K/V (its mask aligned bottom right, no split); ``engine``.
-* ``gemma``: the same at Gemma 3's heads (4/1/256), window 512 on the Triton kernel.
+* ``gemma``: the same at Gemma 3's heads (4/1/256), and with windows of 512 and 1,024 keys:
+  Triton paged, ``flash4`` with its local mask, ``engine`` (a window's blocks gathered).
 * ``flex``: FlexAttention compile time and rate (8k causal; 8k over a 24k prefix).
 * ``decode``: split-KV counts for 16 x 32k and 1 x 128k decode rows (graph-replayed).
 
@@ -189,10 +190,14 @@ class Case:
             self.q, self.k_pool, self.v_pool, self.meta, self.scale, window
         )
 
-    def engine(self) -> Tensor:
-        """What the engine runs for this row (``attention.long_prefill``)."""
+    def engine(self, window: int = 0) -> Tensor:
+        """What the engine runs for this row (``attention.long_prefill``) in a layer with
+        this sliding window (0: none)."""
         out = torch.empty_like(self.q)
-        long_prefill_attention(out, self.q, self.k_pool, self.v_pool, self.long_rows, self.scale)
+        long_prefill_attention(
+            out, self.q, self.k_pool, self.v_pool, self.long_rows, self.scale,
+            sliding_window=window,
+        )  # fmt: skip
         return out
 
     def gather(self, upto: int) -> tuple[Tensor, Tensor]:
@@ -207,10 +212,11 @@ class Case:
         return out[0], out[1]
 
 
-def flash4(case: Case) -> Tensor:
-    """FlashAttention-4 over the case's contiguous ``[L, Hkv, D]`` K/V, causal (bottom right)."""
+def flash4(case: Case, window: int = 0) -> Tensor:
+    """FlashAttention-4 over the case's contiguous ``[L, Hkv, D]`` K/V, causal (bottom right),
+    each query over the last ``window`` keys up to its own (0: all)."""
     out = torch.empty_like(case.q)
-    causal_attention(out, case.q, case.k_all, case.v_all, case.scale)
+    causal_attention(out, case.q, case.k_all, case.v_all, case.scale, window)
     return out
 
 
@@ -368,12 +374,21 @@ def part_full(p: Probe, heads: tuple[int, int, int], sizes: list[int], label: st
             p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
         sdpa_candidates(p, case, ref, base, f"{n}k")
         if heads == GEMMA:
-            window = 512 if not p.small else 16
-            flops_w = 4 * heads[0] * heads[2] * sum(min(i + 1, window) for i in range(case.chunk))
-            ref_w = p.measure(flops_w, partial(case.triton, window), None, **base,
-                              kind="triton-paged", variant=f"window{window}")  # fmt: skip
-            del ref_w
+            window_candidates(p, case, base)
         del case, ref
+
+
+def window_candidates(p: Probe, case: Case, base: dict[str, Any]) -> None:
+    """Sliding windows (Gemma 3 1B's 512, the larger Gemmas' 1,024): the Triton kernel (the
+    reference), FlashAttention-4's local mask, and the engine's path for such a layer."""
+    for window in [512, 1024] if not p.small else [16]:
+        seen = sum(min(case.prefix + i + 1, window) for i in range(case.chunk))
+        flops = 4 * case.heads[0] * case.heads[2] * seen
+        row = {**base, "variant": f"window{window}"}
+        ref = p.measure(flops, partial(case.triton, window), None, **row, kind="triton-paged")
+        p.measure(flops, partial(case.engine, window), ref, **row, kind="engine")
+        if flash_attn4_available(p.device):
+            p.measure(flops, partial(flash4, case, window), ref, **row, kind="flash4")
 
 
 def prefix_candidates(p: Probe, case: Case, ref: Tensor | None, base: dict[str, Any]) -> None:
@@ -471,6 +486,8 @@ def part_prefix(p: Probe, heads: tuple[int, int, int], shapes: list[tuple[int, i
         if flash_attn4_available(p.device):
             p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
         prefix_candidates(p, case, ref, base)
+        if heads == GEMMA:
+            window_candidates(p, case, base)
         del case, ref
 
 
@@ -561,7 +578,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if "tflops" not in row or "chunk" not in row:
             continue
         shape = (row["part"], row["heads"], row["prefix"], row["chunk"])
-        kind = row["kind"] + ("-window" if "window" in str(row.get("variant", "")) else "")
+        variant = str(row.get("variant", ""))
+        kind = row["kind"] + (f"-{variant}" if variant.startswith("window") else "")
         rates = best.setdefault(shape, {})
         rates[kind] = max(rates.get(kind, 0.0), row["tflops"])
     kinds = [*sorted({k for rates in best.values() for k in rates} - {"engine"}), "engine"]

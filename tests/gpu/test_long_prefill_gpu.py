@@ -1,7 +1,7 @@
 """On a GPU, in bf16, at 8k and 32k tokens: long rows through the fused path (FlashAttention-4
-where it is installed; torch's cuDNN attention, and FlashAttention-2 where cuDNN is missing)
-give what the Triton kernels give, beside the rows the Triton kernels keep; and an engine with
-the fused path generates what one without it generates."""
+where it is installed, sliding windows included; torch's cuDNN attention, and FlashAttention-2
+where cuDNN is missing) give what the Triton kernels give, beside the rows the Triton kernels
+keep; and an engine with the fused path generates what one without it generates."""
 
 from __future__ import annotations
 
@@ -120,26 +120,48 @@ def test_without_cudnn_flash_attention_serves_the_prefix_split(
     _assert_close(out, ref)
 
 
-def test_sliding_window_layers_keep_the_triton_kernel() -> None:
+@pytest.mark.parametrize("window", [512, 1024])  # Gemma 3 1B's, and the larger models'
+@pytest.mark.parametrize("step", STEPS)
+def test_sliding_window_layers_take_flash_attention_4_over_their_window(
+    step: str, window: int
+) -> None:
+    if not flash_attn4_available(torch.device("cuda")):
+        pytest.skip("flash-attn-4 is not installed (the optional `flash4` extra)")
+    out, ref = _attend_both(STEPS[step], GEMMA, window)
+    _assert_close(out, ref)
+
+
+def test_without_flash_attention_4_sliding_window_layers_keep_the_triton_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(long_prefill_module, "flash_attn4_available", lambda device: False)
     out, ref = _attend_both(STEPS["mixed"], GEMMA, window=512)
     assert torch.equal(out, ref)
 
 
-# Llama's tiny test shapes, with Llama 3's head_dim and room for the prompts below.
+# Tiny test shapes with the real models' head_dim and room for the prompts below; Gemma's
+# with every other layer's window of 512 tokens.
 LONG_CONFIG = {
     **TINY_CONFIGS["llama"],
     "num_attention_heads": 8,
     "head_dim": 128,
     "max_position_embeddings": 8192,
 }
+LONG_GEMMA_CONFIG = {
+    **TINY_CONFIGS["gemma3"],
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+    "sliding_window": 512,
+}
 
 
+@pytest.mark.parametrize("config", [LONG_CONFIG, LONG_GEMMA_CONFIG], ids=["llama", "gemma"])
 def test_an_engine_with_the_fused_path_generates_what_one_without_it_generates(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    config: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Prompts of 6,000 and 3,000 tokens in steps of 2,500 (eager, so their chunks take the
     fused path, with and without a prefix; the last chunks replay graphs)."""
-    (tmp_path / "config.json").write_text(json.dumps(LONG_CONFIG))
+    (tmp_path / "config.json").write_text(json.dumps(config))
     calls = []
     fused = attention_module.long_prefill_attention
     monkeypatch.setattr(
@@ -148,7 +170,7 @@ def test_an_engine_with_the_fused_path_generates_what_one_without_it_generates(
         lambda *args, **kwargs: calls.append(len(args[4])) or fused(*args, **kwargs),
     )
     generator = torch.Generator().manual_seed(3)
-    vocab = LONG_CONFIG["vocab_size"]
+    vocab = config["vocab_size"]
     prompts = [torch.randint(10, vocab, (n,), generator=generator).tolist() for n in (6000, 3000)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 

@@ -45,8 +45,12 @@ def attend(
             if rest is None:
                 out = torch.empty_like(q)
             else:
-                out = paged_attention_triton(q, k_cache, v_cache, rest, scale, kv_scales=kv_scales)
-            long_prefill_attention(out, q, k_cache, v_cache, long.rows, scale, kv_scales)
+                out = paged_attention_triton(
+                    q, k_cache, v_cache, rest, scale, sliding_window, kv_scales=kv_scales
+                )
+            long_prefill_attention(
+                out, q, k_cache, v_cache, long.rows, scale, kv_scales, sliding_window
+            )
             return out
         return paged_attention_triton(
             q, k_cache, v_cache, meta, scale, sliding_window, kv_scales=kv_scales

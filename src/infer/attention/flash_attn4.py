@@ -44,9 +44,12 @@ def import_in_background(device: torch.device) -> None:
         ).start()  # fmt: skip
 
 
-def causal_attention(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> None:
+def causal_attention(
+    out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int = 0
+) -> None:
     """``q [C, H, D]`` over ``k, v [L, Hkv, D]`` (``L >= C``: the last ``C`` keys are the
-    queries' own; ``Hkv`` dividing ``H``), causal, into ``out [C, H, D]``."""
+    queries' own; ``Hkv`` dividing ``H``), causal, into ``out [C, H, D]``. With a ``window``,
+    each query sees only the last ``window`` keys up to its own (Gemma 3's local layers)."""
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError as err:  # installed, but a part of it is missing (its own dependencies)
@@ -54,5 +57,9 @@ def causal_attention(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float)
             f"flash-attn-4 is installed but does not import ({err}): reinstall it with its "
             "dependencies, or uninstall it to attend through cuDNN"
         ) from err
-    result, _ = flash_attn_func(q[None], k[None], v[None], softmax_scale=scale, causal=True)
+    # FlashAttention's window counts the keys left of the query's own: ``window - 1``.
+    left = window - 1 if window > 0 else None
+    result, _ = flash_attn_func(
+        q[None], k[None], v[None], softmax_scale=scale, causal=True, window_size=(left, 0)
+    )
     out.copy_(result[0])

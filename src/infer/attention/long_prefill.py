@@ -17,7 +17,9 @@ Both kernels read the KV heads as they are (grouped-query attention), so neither
 queries are copied per head.
 
 Only eager steps carry a plan (``build_metadata``; steps this large run outside CUDA graphs).
-Layers with a sliding window keep the Triton kernel, which skips the keys outside the window.
+Layers with a sliding window (Gemma 3's local layers) take FlashAttention-4 too, over the keys
+their window reaches (the gather starts at the block of the first query's first key); without
+it they keep the Triton kernel, which skips the keys outside the window.
 """
 
 from __future__ import annotations
@@ -132,9 +134,11 @@ def plan_long_prefill(
 
 
 def takes_long_path(q: Tensor, sliding_window: int) -> bool:
-    """Whether a layer runs its long rows here: full attention (a window keeps the Triton
-    kernel) in a half-precision dtype the fused kernels take."""
-    return sliding_window == 0 and q.dtype in (torch.float16, torch.bfloat16)
+    """Whether a layer runs its long rows here: in a half-precision dtype the fused kernels
+    take, with full attention or through FlashAttention-4 (cuDNN's path has no window; a
+    window there keeps the Triton kernel)."""
+    windowed = sliding_window > 0 and not flash_attn4_available(q.device)
+    return not windowed and q.dtype in (torch.float16, torch.bfloat16)
 
 
 def long_prefill_attention(
@@ -145,22 +149,35 @@ def long_prefill_attention(
     rows: list[LongRow],
     scale: float,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    sliding_window: int = 0,
 ) -> None:
     """Attention of each long row's queries (rows of ``q [T, H, D]``) over its context in the
-    paged cache ``[N, Hkv, BS, D]`` (this step's K/V already written), into ``out``."""
+    paged cache ``[N, Hkv, BS, D]`` (this step's K/V already written), into ``out``; with a
+    ``sliding_window``, each query over that many keys up to its own."""
+    block_size = k_cache.shape[2]
     for row in rows:
         end = row.start + row.length
-        total = row.prefix + row.length
-        k, v = gather_kv(k_cache, v_cache, row.blocks, total, q.dtype, kv_scales)
-        attend_row(out[row.start : end], q[row.start : end], k, v, row.prefix, scale)
+        # The blocks before the one holding the first query's first visible key stay unread;
+        # an even start keeps the table's 16-byte alignment (``plan_long_prefill``).
+        first = max(0, row.prefix - sliding_window + 1) // block_size if sliding_window else 0
+        first -= first % 2
+        prefix = row.prefix - first * block_size
+        k, v = gather_kv(
+            k_cache, v_cache, row.blocks[first:], prefix + row.length, q.dtype, kv_scales
+        )
+        attend_row(out[row.start : end], q[row.start : end], k, v, prefix, scale, sliding_window)
 
 
-def attend_row(out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float) -> None:
+def attend_row(
+    out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix: int, scale: float, window: int = 0
+) -> None:
     """One row: ``out, q [C, H, D]`` (the row's slices), ``k, v [Hkv, prefix + C, D]`` (views
-    of token-major storage)."""
+    of token-major storage); a ``window`` only through FlashAttention-4 (``takes_long_path``)."""
     if flash_attn4_available(q.device):
-        causal_attention(out, q, k.transpose(0, 1), v.transpose(0, 1), scale)
+        causal_attention(out, q, k.transpose(0, 1), v.transpose(0, 1), scale, window)
         return
+    if window:
+        raise ValueError(f"window: {window} needs FlashAttention-4, which {q.device} lacks")
     q_heads = q.transpose(0, 1)[None]  # [1, H, C, D], a view
     if prefix == 0:  # cuDNN's kernel takes the KV heads as they are (14-long-context.md)
         own = F.scaled_dot_product_attention(

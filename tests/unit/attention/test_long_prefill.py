@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import infer.attention.long_prefill as long_prefill_module
 from infer.attention import ScheduledSequence, build_metadata
 from infer.attention.long_prefill import (
     attention_with_lse_torch,
@@ -132,11 +133,15 @@ def test_attention_with_lse_aligns_the_causal_mask_to_the_last_key() -> None:
     torch.testing.assert_close(lse[..., 2], torch.logsumexp(scores[..., 2, :], -1))
 
 
-def test_the_fused_path_is_for_full_attention_in_half_precision() -> None:
+def test_the_fused_path_is_for_half_precision_and_windows_only_through_flash_attention_4(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     half = torch.zeros(1, dtype=torch.bfloat16)
     assert takes_long_path(half, 0)
-    assert not takes_long_path(half, 512)  # sliding-window layers keep the Triton kernel
+    assert not takes_long_path(half, 512)  # cuDNN's path has no window: the Triton kernel
     assert not takes_long_path(torch.zeros(1), 0)
+    monkeypatch.setattr(long_prefill_module, "flash_attn4_available", lambda device: True)
+    assert takes_long_path(half, 512)
 
 
 def test_workspace_bytes_counts_the_gathered_context_and_both_parts_outputs() -> None:
