@@ -18,8 +18,8 @@ queries are copied per head.
 
 Only eager steps carry a plan (``build_metadata``; steps this large run outside CUDA graphs).
 Layers with a sliding window (Gemma 3's local layers) take FlashAttention-4 too, over the keys
-their window reaches (the gather starts at the block of the first query's first key); without
-it they keep the Triton kernel, which skips the keys outside the window.
+their window reaches (the gather starts at the block of the first query's first visible key);
+without it they keep the Triton kernel, which skips the keys outside the window.
 """
 
 from __future__ import annotations

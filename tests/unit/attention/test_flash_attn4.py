@@ -54,7 +54,9 @@ def flash_attention_stand_in(
     tokens first, the mask aligned to the last key, a window of that many keys up to each
     query's own."""
 
-    def stand_in(out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int = 0):
+    def stand_in(
+        out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int = 0
+    ) -> None:
         assert k.shape[1:] == v.shape[1:] and k.shape[2] == q.shape[-1]  # [L, Hkv, D]
         assert k.is_contiguous() and v.is_contiguous()  # no copy on the way in
         calls.append((q.shape[0], k.shape[0]))
