@@ -368,27 +368,33 @@ def part_full(p: Probe, heads: tuple[int, int, int], sizes: list[int], label: st
     for n in sizes:
         case = Case(p, heads, 0, p.k(n))
         base = {"part": label, "heads": "/".join(map(str, heads)), "prefix": 0, "chunk": case.chunk}
-        ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
-        p.measure(case.flops, case.engine, ref, **base, kind="engine")
-        if flash_attn4_available(p.device):
-            p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
+        ref = paged_candidates(p, case, base)
         sdpa_candidates(p, case, ref, base, f"{n}k")
         if heads == GEMMA:
             window_candidates(p, case, base)
         del case, ref
 
 
+def paged_candidates(
+    p: Probe, case: Case, base: dict[str, Any], window: int = 0, flops: float | None = None
+) -> Tensor | None:
+    """The Triton paged kernel (the reference, returned), the engine's path and, where
+    installed, FlashAttention-4, in a layer with this sliding window (0: none)."""
+    flops = case.flops if flops is None else flops
+    ref = p.measure(flops, partial(case.triton, window), None, **base, kind="triton-paged")
+    p.measure(flops, partial(case.engine, window), ref, **base, kind="engine")
+    if flash_attn4_available(p.device):
+        p.measure(flops, partial(flash4, case, window), ref, **base, kind="flash4")
+    return ref
+
+
 def window_candidates(p: Probe, case: Case, base: dict[str, Any]) -> None:
-    """Sliding windows (Gemma 3 1B's 512, the larger Gemmas' 1,024): the Triton kernel (the
-    reference), FlashAttention-4's local mask, and the engine's path for such a layer."""
+    """Sliding windows (Gemma 3 1B's 512, the larger Gemmas' 1,024): ``paged_candidates``
+    with FlashAttention-4's local mask."""
     for window in [512, 1024] if not p.small else [16]:
         seen = sum(min(case.prefix + i + 1, window) for i in range(case.chunk))
         flops = 4 * case.heads[0] * case.heads[2] * seen
-        row = {**base, "variant": f"window{window}"}
-        ref = p.measure(flops, partial(case.triton, window), None, **row, kind="triton-paged")
-        p.measure(flops, partial(case.engine, window), ref, **row, kind="engine")
-        if flash_attn4_available(p.device):
-            p.measure(flops, partial(flash4, case, window), ref, **row, kind="flash4")
+        paged_candidates(p, case, {**base, "variant": f"window{window}"}, window, flops)
 
 
 def prefix_candidates(p: Probe, case: Case, ref: Tensor | None, base: dict[str, Any]) -> None:
@@ -481,10 +487,7 @@ def part_prefix(p: Probe, heads: tuple[int, int, int], shapes: list[tuple[int, i
         case = Case(p, heads, p.k(prefix), p.k(chunk))
         base = {"part": label, "heads": "/".join(map(str, heads)), "prefix": case.prefix,
                 "chunk": case.chunk}  # fmt: skip
-        ref = p.measure(case.flops, case.triton, None, **base, kind="triton-paged")
-        p.measure(case.flops, case.engine, ref, **base, kind="engine")
-        if flash_attn4_available(p.device):
-            p.measure(case.flops, partial(flash4, case), ref, **base, kind="flash4")
+        ref = paged_candidates(p, case, base)
         prefix_candidates(p, case, ref, base)
         if heads == GEMMA:
             window_candidates(p, case, base)
