@@ -291,7 +291,7 @@ class EngineConfig:
     max_waiting_requests: int = 4096
     admission_reserve: float = 0.2
     use_chunked_prefill: bool | None = None  # on; off when static
-    prefill_chunk_size: int = 384
+    prefill_chunk_size: int = 256
     long_prefill_threshold: int = 4096
     max_prefill_chunks_per_step: int | None = None
     use_prefix_caching: bool | None = None  # on; off when static or contiguous

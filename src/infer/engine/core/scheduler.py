@@ -67,6 +67,9 @@ from infer.engine.speculative.speculation import (
 MAX_FAILED_STEPS = 3
 # A long prompt's chunks short of its end are whole multiples of this many tokens.
 LONG_CHUNK_ALIGN = 1024
+# Beside decode rows, while at most this many prompts wait for their first token, a step
+# carries one prompt's chunk (``Scheduler._prompt_chunk_cap``).
+SERIAL_PROMPTS = 2
 
 
 @dataclass(slots=True)
@@ -208,6 +211,7 @@ class Scheduler:
         budget = self.token_budget
         prefills = 0
         decodes = sum(self._remaining(r) == 1 for r in self.running)
+        cap = self._prompt_chunk_cap(decodes)
         unscheduled = decodes  # decode rows still to come: a chunk leaves them their tokens
         for request in list(self.running):
             decoding = self._remaining(request) == 1
@@ -217,7 +221,7 @@ class Scheduler:
                 continue
             if ahead and request.num_placeholders and self._ends_in_flight(request):
                 continue
-            num_tokens = self._tokens_to_run(request, budget, prefills, decodes, unscheduled)
+            num_tokens = self._tokens_to_run(request, budget, prefills, cap, decodes, unscheduled)
             if num_tokens == 0:
                 continue
             if not self._make_room(request, num_tokens, out, ahead=ahead):
@@ -228,7 +232,19 @@ class Scheduler:
             budget -= num_tokens
             prefills += num_tokens > 1
         if not out.preempted and self._may_admit():
-            self._admit(out, budget, prefills, decodes)
+            self._admit(out, budget, prefills, cap, decodes)
+
+    def _prompt_chunk_cap(self, decodes: int) -> int | None:
+        """How many prompts may run a chunk in one step. Beside decode rows, while at most
+        ``SERIAL_PROMPTS`` prompts wait for their first token, one: a second chunk in the step
+        would make it another slow gap for every decoding row (the tail of their inter-token
+        latency), and the second prompt waits only for the first one's few chunks. More
+        prompts share the step (``max_prefill_chunks_per_step``), so prefill keeps up."""
+        cap = self.config.max_prefill_chunks_per_step
+        if decodes == 0 or not self.config.use_chunked_prefill:
+            return cap
+        prompts = len(self.waiting) + sum(self._remaining(r) > 1 for r in self.running)
+        return 1 if prompts <= SERIAL_PROMPTS else cap
 
     # --- speculation ----------------------------------------------------------------------
     def _host_proposals(self) -> bool:
@@ -395,7 +411,8 @@ class Scheduler:
                 return False
             self.waiting.remove(request)
             self.running.append(request)
-        num_tokens = self._tokens_to_run(request, self.token_budget, 0)
+        cap = self.config.max_prefill_chunks_per_step
+        num_tokens = self._tokens_to_run(request, self.token_budget, 0, cap)
         if num_tokens == 0 or not self.pool.prepare_append(request.seq_id, num_tokens):  # type: ignore[arg-type]
             return False
         self._add_chunk(out, request, num_tokens)
@@ -413,10 +430,17 @@ class Scheduler:
         return request.num_tokens_with_pending - self.num_computed(request)
 
     def _tokens_to_run(
-        self, request: Request, budget: int, prefills: int, decodes: int = 0, reserved: int = 0
+        self,
+        request: Request,
+        budget: int,
+        prefills: int,
+        cap: int | None,
+        decodes: int = 0,
+        reserved: int = 0,
     ) -> int:
         """How many of the request's tokens run in a step with ``decodes`` decode rows, out
-        of ``budget`` less ``reserved`` (decode rows still to come). Small chunks serve the
+        of ``budget`` less ``reserved`` (decode rows still to come), ``prefills`` chunks
+        already in it and at most ``cap`` of them. Small chunks serve the
         inter-token latency of decode rows and nothing else: with none, a chunk is as large
         as the budget; for a sequence longer than ``long_prefill_threshold`` (whose small
         chunks would each read its growing context and leave its first token hundreds of
@@ -426,7 +450,6 @@ class Scheduler:
         remaining = self._remaining(request)
         if remaining <= 1:
             return remaining
-        cap = self.config.max_prefill_chunks_per_step
         if cap is not None and prefills >= cap:
             return 0
         room = max(budget - reserved, 0)
@@ -492,14 +515,13 @@ class Scheduler:
             return not self.running
         return True
 
-    def _admit(self, out: Step, budget: int, prefills: int, decodes: int) -> None:
+    def _admit(self, out: Step, budget: int, prefills: int, cap: int | None, decodes: int) -> None:
         free_tokens = self.pool.free_token_capacity()
         admissible = (
             None
             if free_tokens is None
             else int(free_tokens * (1.0 - self.config.admission_reserve))
         )
-        cap = self.config.max_prefill_chunks_per_step
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             if cap is not None and prefills >= cap:
                 break
@@ -516,7 +538,7 @@ class Scheduler:
                 break
             self.waiting.remove(request)
             self.running.append(request)
-            num_tokens = self._tokens_to_run(request, budget, prefills, decodes)
+            num_tokens = self._tokens_to_run(request, budget, prefills, cap, decodes)
             if num_tokens == 0:
                 continue
             self._add_chunk(out, request, num_tokens)

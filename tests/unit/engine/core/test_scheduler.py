@@ -59,7 +59,7 @@ def test_admits_in_arrival_order_up_to_max_batch_size() -> None:
 def test_token_budget_keeps_a_twenty_percent_generation_reserve() -> None:
     pool = _pool(725)
     pool.allocate_sequence(475)  # another tenant: 250 tokens are free
-    scheduler = _scheduler(pool)
+    scheduler = _scheduler(pool, use_chunked_prefill=False)  # prompts whole, side by side
     for name, length in (("A", 100), ("B", 200), ("C", 299)):
         scheduler.add_request(_request(name, length))
     # usable = int(250 * 0.8) = 200: A fits, then B (200 > 100 left) waits.
@@ -147,6 +147,36 @@ def test_a_chunked_prompts_first_chunk_shares_the_chunk_size_with_decode_rows() 
     assert chunks == [("long", 8), ("other", 16), ("fits", 12)]
 
 
+def test_beside_decode_rows_two_prompts_take_turns() -> None:
+    """A second chunk in a step would make it a second slow gap for every decoding row: the
+    second prompt waits for the first one's chunks (it joins once the first is done)."""
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
+    scheduler.add_request(_request("decoding", 3))
+    _run(scheduler, scheduler.schedule())
+    scheduler.add_request(_request("first", 30))
+    scheduler.add_request(_request("second", 30))
+    seen = []
+    for _ in range(3):
+        out = scheduler.schedule()
+        seen.append(_names(out))
+        _run(scheduler, out)
+    assert seen == [
+        [("decoding", 1), ("first", 15)],
+        [("decoding", 1), ("first", 15)],
+        [("decoding", 1), ("first", 1), ("second", 14)],  # 16 less two decode rows
+    ]
+
+
+def test_beside_decode_rows_three_prompts_each_take_a_chunk() -> None:
+    """A longer queue shares the step, so that prefill keeps up with arrivals."""
+    scheduler = _scheduler(_pool(1000), prefill_chunk_size=16)
+    scheduler.add_request(_request("decoding", 3))
+    _run(scheduler, scheduler.schedule())
+    for name in ("a", "b", "c"):
+        scheduler.add_request(_request(name, 30))
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("a", 15), ("b", 16), ("c", 16)]
+
+
 def test_prefill_chunk_cap_per_step() -> None:
     scheduler = _scheduler(
         _pool(1000), prefill_chunk_size=4, max_prefill_chunks_per_step=2, long_prefill_threshold=0
@@ -177,8 +207,12 @@ def test_a_long_prompt_takes_the_budget_beside_decodes_a_short_one_the_chunk_siz
     _run(scheduler, first)
     _run(scheduler, scheduler.schedule())
     _run(scheduler, scheduler.schedule())
-    # its last 103 tokens in one piece (below the threshold, but the prompt is long)
-    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 103), ("short", 16)]
+    # its last 103 tokens in one piece (below the threshold, but the prompt is long); the
+    # short prompt waits for it (two prompts beside a decode row take turns)
+    last = scheduler.schedule()
+    assert _names(last) == [("decoding", 1), ("long", 103)]
+    _run(scheduler, last)
+    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 1), ("short", 14)]
 
 
 def test_a_long_prompt_ahead_of_decode_rows_leaves_them_their_tokens() -> None:
@@ -203,8 +237,11 @@ def test_a_long_prompt_may_take_a_step_of_the_long_prefill_budget() -> None:
     first = scheduler.schedule()
     assert _names(first) == [("decoding", 1), ("long", 16 * 1024)]
     _run(scheduler, first)
-    # the rest of the long prompt (a long sequence still), then the short one's 384
-    assert _names(scheduler.schedule()) == [("decoding", 1), ("long", 3_616), ("short", 384)]
+    # the rest of the long prompt (a long sequence still); the short one waits its turn
+    second = scheduler.schedule()
+    assert _names(second) == [("decoding", 1), ("long", 3_616)]
+    _run(scheduler, second)
+    assert _names(scheduler.schedule())[-1] == ("short", 254)  # 256 less two decode rows
 
 
 def test_a_16k_prompt_beside_many_decode_rows_takes_one_step() -> None:
@@ -384,13 +421,14 @@ def test_the_step_ahead_continues_decodes_and_chunks_and_admits_newcomers() -> N
     scheduler.add_request(_request("long", 40))
     in_flight = scheduler.schedule()  # two decode rows and long's first chunk
     scheduler.add_request(_request("new", 5))
+    scheduler.add_request(_request("newer", 6))
     ahead = scheduler.schedule_ahead(in_flight)
     assert ahead is not None
-    assert _names(ahead) == [("short", 1), ("other", 1), ("long", 14), ("new", 5)]
+    assert _names(ahead) == [("short", 1), ("other", 1), ("long", 14), ("new", 5), ("newer", 6)]
     assert _fed(ahead) == [("short", 0), ("other", 1)]  # the placeholders of the step in flight
     _run(scheduler, in_flight)
     _run(scheduler, ahead)
-    assert [scheduler.num_computed(r) for r in scheduler.running] == [5, 4, 28, 5]
+    assert [scheduler.num_computed(r) for r in scheduler.running] == [5, 4, 28, 5, 6]
 
 
 def test_a_placeholder_that_ends_its_request_is_not_continued_ahead() -> None:
