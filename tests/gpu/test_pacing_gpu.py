@@ -49,9 +49,8 @@ def _round(engine: Engine, rng: random.Random) -> tuple[float, float]:
         engine.wait_to_schedule()
 
 
-def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def decoding_engine(rng: random.Random) -> Engine:
+    """An engine of llama-3.2-3b's shapes with ``RUNNING`` requests decoding."""
     llm = LLM(
         "llama-3.2-3b",
         load_format="dummy",
@@ -59,15 +58,21 @@ def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
         max_seq_len=2048,
         num_gpu_blocks=1024,
     )
-    engine = llm.engine
-    ahead = engine.ahead
-    assert ahead is not None and ahead.pacer is not None  # on by default
-    rng = random.Random(0)
     long = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
     for _ in range(RUNNING):
-        engine.add_request(_prompt(rng, 128), long)
+        llm.engine.add_request(_prompt(rng, 128), long)
     for _ in range(20):
-        engine.step()
+        llm.engine.step()
+    return llm.engine
+
+
+def test_an_arrival_joins_the_next_step_and_decode_steps_lose_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = random.Random(0)
+    engine = decoding_engine(rng)
+    ahead = engine.ahead
+    assert ahead is not None and ahead.pacer is not None  # on by default
     paced: list[tuple[float, float]] = []
     unpaced: list[tuple[float, float]] = []
     leads: list[float] = []
