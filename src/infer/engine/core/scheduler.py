@@ -210,10 +210,11 @@ class Scheduler:
         continued, and a shortage of blocks stops the step instead of preempting."""
         budget = self.token_budget
         prefills = 0
-        decodes = sum(self._remaining(r) == 1 for r in self.running)
-        cap = self._prompt_chunk_cap(decodes)
+        remaining = [self._remaining(r) for r in self.running]
+        decodes = remaining.count(1)
+        cap = self._prompt_chunk_cap(decodes, sum(n > 1 for n in remaining))
         unscheduled = decodes  # decode rows still to come: a chunk leaves them their tokens
-        for request in list(self.running):
+        for request in list(self.running):  # (a preemption changes a later row's remaining)
             decoding = self._remaining(request) == 1
             unscheduled -= decoding
             # (a long chunk's overdraft leaves the budget below zero, its decode rows in it)
@@ -234,17 +235,17 @@ class Scheduler:
         if not out.preempted and self._may_admit():
             self._admit(out, budget, prefills, cap, decodes)
 
-    def _prompt_chunk_cap(self, decodes: int) -> int | None:
-        """How many prompts may run a chunk in one step. Beside decode rows, while at most
-        ``SERIAL_PROMPTS`` prompts wait for their first token, one: a second chunk in the step
-        would make it another slow gap for every decoding row (the tail of their inter-token
-        latency), and the second prompt waits only for the first one's few chunks. More
-        prompts share the step (``max_prefill_chunks_per_step``), so prefill keeps up."""
+    def _prompt_chunk_cap(self, decodes: int, prefilling: int) -> int | None:
+        """How many prompts may run a chunk in one step (``prefilling``: running requests
+        still in their prompt). Beside decode rows, while at most ``SERIAL_PROMPTS`` prompts
+        wait for their first token, one: a second chunk in the step would make it another
+        slow gap for every decoding row (the tail of their inter-token latency), and the
+        second prompt waits only for the first one's few chunks. More prompts share the step
+        (``max_prefill_chunks_per_step``), so prefill keeps up."""
         cap = self.config.max_prefill_chunks_per_step
         if decodes == 0 or not self.config.use_chunked_prefill:
             return cap
-        prompts = len(self.waiting) + sum(self._remaining(r) > 1 for r in self.running)
-        return 1 if prompts <= SERIAL_PROMPTS else cap
+        return 1 if len(self.waiting) + prefilling <= SERIAL_PROMPTS else cap
 
     # --- speculation ----------------------------------------------------------------------
     def _host_proposals(self) -> bool:
@@ -411,8 +412,7 @@ class Scheduler:
                 return False
             self.waiting.remove(request)
             self.running.append(request)
-        cap = self.config.max_prefill_chunks_per_step
-        num_tokens = self._tokens_to_run(request, self.token_budget, 0, cap)
+        num_tokens = self._tokens_to_run(request, self.token_budget, 0, None)  # the only chunk
         if num_tokens == 0 or not self.pool.prepare_append(request.seq_id, num_tokens):  # type: ignore[arg-type]
             return False
         self._add_chunk(out, request, num_tokens)
