@@ -99,7 +99,9 @@ def build_rank(
                 chunks = _long_chunks(config, max_seq_len)
 
                 def warm_up() -> None:
-                    warm_up_kernels(model, pool, device, max_seq_len, long_rows, chunks)
+                    warm_up_kernels(
+                        model, pool, device, max_seq_len, config.max_batch_size, long_rows, chunks
+                    )
 
                 compile_ahead(compilers, warm_up)
                 warm_up()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch import Tensor
 
 from infer.attention import ScheduledSequence, build_metadata
 from infer.cache.protocol import CachePoolProtocol
@@ -32,15 +33,17 @@ def warm_up_kernels(
     pool: CachePoolProtocol,
     device: torch.device,
     max_seq_len: int,
+    max_rows: int,
     long_rows_from: int = 0,
     long_chunks: Sequence[int] = (),
 ) -> None:
     """Run a mixed step with few rows (split keys), a lone decode row, a wide mixed step, a
-    chunk over a long context (the other prefill tile) and, with ``long_rows_from``, a long
-    chunk after a prefix beside a decode row (the fused path and its merge), then each of
-    ``long_chunks`` alone and after a prefix (cuDNN's plans for the usual long chunks): a
-    first use would otherwise stall the first requests for seconds, or a long prompt's first
-    token for ~60 ms a shape. Their K/V writes land in blocks that are all still free."""
+    chunk over a long context (the other prefill tile), the logits of every count of sampled
+    rows up to ``max_rows`` and, with ``long_rows_from``, a long chunk after a prefix beside
+    a decode row (the fused path and its merge), then each of ``long_chunks`` alone and after
+    a prefix (cuDNN's plans for the usual long chunks): a first use would otherwise stall the
+    first requests for seconds, or a long prompt's first token for ~60 ms a shape. Their K/V
+    writes land in blocks that are all still free."""
     from infer.kernels.paged_attention import SHORT_PREFILL_LEN  # triton: GPU installs only
 
     block_size = pool.block_size
@@ -59,8 +62,9 @@ def warm_up_kernels(
         batches.append([sequence(SHORT_PREFILL_LEN, 2)])
     for batch in batches:
         input_ids, meta = build_metadata(batch, block_size, device)
-        logits = model.compute_logits(model(input_ids, meta))
-        logits.argmax(-1)
+        hidden = model(input_ids, meta)
+        model.compute_logits(hidden).argmax(-1)
+    warm_up_logits(model, hidden, max_rows)
     long = []  # (their hidden states are enough: all the logits of 16k tokens take GBs)
     if long_rows_from and max_seq_len > long_rows_from + block_size:
         long.append([sequence(block_size, long_rows_from), sequence(block_size, 1)])
@@ -71,6 +75,17 @@ def warm_up_kernels(
         input_ids, meta = build_metadata(batch, block_size, device, long_rows_from)
         model(input_ids, meta)
     torch.cuda.synchronize(device)
+
+
+def warm_up_logits(model: DecoderModel, hidden: Tensor, max_rows: int) -> None:
+    """The LM head at every row count from 1 to ``max_rows``, over hidden states shaped and
+    typed as ``hidden``. An eager step's logits are one matmul of as many rows as it samples,
+    and cuBLAS picks its kernel by the row count; CUDA loads a kernel at its first launch,
+    and the load waits for the device to go idle, so a count first met in traffic stalled
+    that step (results-by-topic 6.8)."""
+    rows = hidden.new_zeros(max_rows, hidden.shape[-1])
+    for count in range(1, max_rows + 1):
+        model.compute_logits(rows[:count])
 
 
 class SamplerWarmUp:

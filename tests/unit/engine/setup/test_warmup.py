@@ -1,5 +1,5 @@
-"""The sampling kernel's warm-up beside the loading (the step kernels' needs a GPU:
-tests/gpu)."""
+"""The sampling kernel's warm-up beside the loading, the LM head at every row count (the
+step kernels need a GPU: tests/gpu)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infer.engine.setup import warmup
-from infer.engine.setup.warmup import SamplerWarmUp
+from infer.engine.setup.warmup import SamplerWarmUp, warm_up_logits
 
 
 def test_every_sampling_variant_runs_in_threads_of_its_own(
@@ -36,3 +36,16 @@ def test_a_failed_compile_is_raised_by_wait(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(warmup, "sample_filtered", fail)
     with pytest.raises(RuntimeError, match="ptxas died"):
         SamplerWarmUp(64, torch.device("cpu"), torch.float32).wait()
+
+
+def test_the_logits_run_at_every_row_count_a_step_may_sample() -> None:
+    """cuBLAS picks the LM head's kernel by the row count, so each count runs once."""
+    seen: list[tuple[int, int, torch.dtype]] = []
+
+    class Head:
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            seen.append((*hidden.shape, hidden.dtype))
+            return hidden
+
+    warm_up_logits(Head(), torch.ones(3, 8, dtype=torch.bfloat16), 40)  # type: ignore[arg-type]
+    assert seen == [(count, 8, torch.bfloat16) for count in range(1, 41)]
